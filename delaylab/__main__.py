@@ -1,0 +1,5 @@
+import sys
+
+from delaylab.cli import main
+
+sys.exit(main())
