@@ -1,0 +1,222 @@
+"""The paper's optimizers by name, with the usual parameter split, as one torch Optimizer each.
+
+``build_optimizer(name, model_or_params, **hparams)``:
+
+=======  =================================================================================
+adamw    torch.optim.AdamW; weight decay on >= 2-D params only (nanoGPT's split)
+muon     torch.optim.Muon on hidden 2-D matrices + AdamW on embeddings, head, norms, biases
+lion     pytorch_optimizer.Lion        (Chen et al. 2023)
+soap     pytorch_optimizer.SOAP        (Vyas et al. 2024)
+adan     pytorch_optimizer.Adan        (Xie et al. 2022)
+mars     pytorch_optimizer.MARS        (Yuan et al. 2024)
+sgd      torch.optim.SGD with momentum
+lmo      delaylab.optim.LMOMomentum    (the method the theory analyses; spectral by default)
+=======  =================================================================================
+
+Common hyperparameters: ``lr``, ``weight_decay``, ``momentum`` (each optimizer's momentum knob:
+AdamW/SOAP/Adan/MARS beta1, Lion beta2 (its momentum buffer's decay), Muon and SGD momentum,
+LMO beta), ``betas``; anything else goes to the optimizer's constructor. For ``muon``,
+``adam_lr``, ``adam_betas`` and ``adam_weight_decay`` set the AdamW part.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from delaylab.optim.lmo_momentum import LMOMomentum
+
+# Defaults are starting points for small GPTs, not tuned values; sweeps override lr.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1),
+    "muon": dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
+                 adam_lr=1e-3, adam_betas=(0.9, 0.95), adam_weight_decay=0.0),
+    "lion": dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
+    "soap": dict(lr=3e-3, betas=(0.95, 0.95), weight_decay=0.01, precondition_frequency=10),
+    "adan": dict(lr=1e-3, betas=(0.98, 0.92, 0.99), weight_decay=0.02),
+    "mars": dict(lr=3e-3, betas=(0.95, 0.99), weight_decay=0.0),
+    "sgd": dict(lr=0.1, momentum=0.9, weight_decay=0.0),
+    "lmo": dict(lr=0.02, beta=0.95, norm="spectral"),
+}
+OPTIMIZERS = tuple(DEFAULTS)
+THIRD_PARTY = {"lion": "Lion", "soap": "SOAP", "adan": "Adan", "mars": "MARS"}
+_BETA1_MOMENTUM = ("adamw", "soap", "adan", "mars")
+_NO_MUON_NAME_PARTS = ("embed", "head", "wte", "wpe", "lm_head")
+
+
+class CombinedOptimizer(Optimizer):
+    """Several optimizers over disjoint parameters, stepped together as one ``Optimizer``.
+
+    ``param_groups`` is the concatenation of the children's own group dicts (so one LR
+    scheduler drives all of them); state lives in the children.
+    """
+
+    def __init__(self, optimizers: list[Optimizer]):
+        if not optimizers:
+            raise ValueError("CombinedOptimizer needs at least one optimizer")
+        self.optimizers = list(optimizers)
+        super().__init__([g for o in self.optimizers for g in o.param_groups], {})
+        self._realias()
+
+    def _realias(self) -> None:
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for opt in self.optimizers:
+            opt.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("optimizers") if isinstance(state_dict, dict) else None
+        if saved is None or len(saved) != len(self.optimizers):
+            raise ValueError("state_dict does not match this CombinedOptimizer's children")
+        for opt, sd in zip(self.optimizers, saved):
+            opt.load_state_dict(sd)
+        self._realias()
+
+    def children(self) -> list[Optimizer]:
+        return list(self.optimizers)
+
+    def __getstate__(self) -> dict:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return "CombinedOptimizer(" + ", ".join(type(o).__name__ for o in self.optimizers) + ")"
+
+
+def _named_params(model_or_params) -> tuple[list[tuple[str, torch.Tensor]], set[int]]:
+    """(name, param) pairs of trainable params, and ids of params that must not go to Muon."""
+    if isinstance(model_or_params, nn.Module):
+        model = model_or_params
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        excluded = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+        excluded |= {id(p) for n, p in named if any(part in n for part in _NO_MUON_NAME_PARTS)}
+        if hasattr(model, "no_muon_parameters"):
+            excluded |= {id(p) for p in model.no_muon_parameters()}
+        return named, excluded
+    if isinstance(model_or_params, torch.Tensor):
+        model_or_params = [model_or_params]
+    if not isinstance(model_or_params, Iterable):
+        raise TypeError("build_optimizer needs an nn.Module or an iterable of tensors")
+    params = list(model_or_params)
+    if params and isinstance(params[0], dict):
+        raise TypeError("pass a model or a flat list of tensors; build param groups yourself otherwise")
+    return [(f"param{i}", p) for i, p in enumerate(params) if p.requires_grad], set()
+
+
+def _decay_groups(named, weight_decay: float) -> list[dict]:
+    decay = [p for _, p in named if p.ndim >= 2]
+    no_decay = [p for _, p in named if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return [g for g in groups if g["params"]]
+
+
+def _third_party(name: str):
+    try:
+        import pytorch_optimizer
+    except ImportError:
+        raise ImportError(
+            f"optimizer {name!r} needs the pytorch-optimizer package: pip install 'delaylab[optimizers]'"
+        ) from None
+    return getattr(pytorch_optimizer, THIRD_PARTY[name])
+
+
+def _construct(cls, groups, name: str, **kwargs) -> Optimizer:
+    try:
+        return cls(groups, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"bad hyperparameters for {name}: {err}") from None
+
+
+def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
+    """Build optimizer ``name`` (see the module docstring) over a model or a list of tensors."""
+    key = name.lower()
+    if key not in DEFAULTS:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+    hp = {**DEFAULTS[key], **{k: v for k, v in hparams.items() if v is not None}}
+    lr = hp.get("lr")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be > 0, got {lr}")
+    momentum = hparams.get("momentum")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    named, excluded = _named_params(model_or_params)
+    if not named:
+        raise ValueError("no trainable parameters")
+
+    if key in _BETA1_MOMENTUM and momentum is not None:
+        hp.pop("momentum")
+        hp["betas"] = (momentum, *tuple(hp["betas"])[1:])
+    if key == "lion" and momentum is not None:
+        hp.pop("momentum")
+        hp["betas"] = (hp["betas"][0], momentum)
+    if key == "lmo" and momentum is not None:
+        hp["beta"] = hp.pop("momentum")
+
+    if key == "adamw":
+        wd = hp.pop("weight_decay")
+        return _construct(torch.optim.AdamW, _decay_groups(named, wd), key, **hp)
+    if key == "muon":
+        adam = {"lr": hp.pop("adam_lr"), "betas": hp.pop("adam_betas"), "weight_decay": hp.pop("adam_weight_decay")}
+        hidden = [p for _, p in named if p.ndim == 2 and id(p) not in excluded]
+        rest = [(n, p) for n, p in named if not (p.ndim == 2 and id(p) not in excluded)]
+        parts = []
+        if hidden:
+            parts.append(_construct(torch.optim.Muon, hidden, key, **hp))
+        if rest:
+            parts.append(_construct(torch.optim.AdamW, _decay_groups(rest, adam.pop("weight_decay")), key, **adam))
+        return parts[0] if len(parts) == 1 else CombinedOptimizer(parts)
+    if key == "sgd":
+        return _construct(torch.optim.SGD, [p for _, p in named], key, **hp)
+    if key == "lmo":
+        return _construct(LMOMomentum, [p for _, p in named], key, **hp)
+    wd = hp.pop("weight_decay")
+    return _construct(_third_party(key), _decay_groups(named, wd), key, **hp)
+
+
+def retarget(optimizer: Optimizer, new_params: list[torch.Tensor]) -> None:
+    """Point ``optimizer`` (and every optimizer inside it) at ``new_params``, keeping all state.
+
+    ``new_params`` replaces the optimizer's parameters in order (group by group). Per-parameter
+    state is re-keyed at every level (a :class:`Delayed` wrapper, a :class:`CombinedOptimizer`,
+    the torch optimizers inside), so a pipeline stage can step whichever weight-version slot
+    holds the current weights.
+    """
+    old = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(old) != len(new_params):
+        raise ValueError(f"optimizer has {len(old)} params, got {len(new_params)}")
+    for a, b in zip(old, new_params):
+        if a.shape != b.shape:
+            raise ValueError(f"shape mismatch in retarget: {tuple(a.shape)} vs {tuple(b.shape)}")
+    mapping = {id(a): b for a, b in zip(old, new_params)}
+
+    def visit(opt: Optimizer) -> None:
+        children = opt.children() if hasattr(opt, "children") else []
+        for child in children:
+            visit(child)
+        for group in opt.param_groups:  # group dicts may be shared between levels: map by id
+            group["params"] = [mapping.get(id(p), p) for p in group["params"]]
+        moved = defaultdict(dict)
+        for p, st in opt.state.items():
+            moved[mapping.get(id(p), p)] = st
+        opt.state = moved
+
+    visit(optimizer)

@@ -1,0 +1,137 @@
+"""build_optimizer: names, the Muon/AdamW split, hyperparameter mapping, errors; retarget."""
+
+import builtins
+
+import pytest
+import torch
+from torch import nn
+
+from delaylab.optim import OPTIMIZERS, CombinedOptimizer, Delayed, build_optimizer, retarget
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.hidden = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 11, bias=False)
+
+    def forward(self, idx):
+        return self.head(self.norm(torch.tanh(self.hidden(self.embed(idx)))))
+
+
+def _loss(model):
+    idx = torch.arange(6).reshape(2, 3)
+    return model(idx).logsumexp(-1).mean()
+
+
+def _value(model):
+    with torch.no_grad():
+        return _loss(model).item()
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_optimizer_builds_and_decreases_a_loss(name):
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = build_optimizer(name, model, lr=1e-2 if name not in ("lion",) else 1e-3)
+    assert isinstance(opt, torch.optim.Optimizer)
+    first = _value(model)
+    for _ in range(15):
+        _loss(model).backward()
+        opt.step()
+        opt.zero_grad()
+    assert _value(model) < first
+
+
+def test_muon_split_sends_hidden_matrices_to_muon_only():
+    model = Tiny()
+    opt = build_optimizer("muon", model)
+    assert isinstance(opt, CombinedOptimizer)
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
+    assert muon_ids == {id(model.hidden.weight)}
+    adam_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
+    assert {id(model.embed.weight), id(model.head.weight), id(model.norm.weight), id(model.norm.bias), id(model.hidden.bias)} == adam_ids
+
+
+def test_adamw_decays_only_matrices():
+    model = Tiny()
+    opt = build_optimizer("adamw", model, weight_decay=0.3)
+    by_wd = {g["weight_decay"]: {id(p) for p in g["params"]} for g in opt.param_groups}
+    assert id(model.norm.weight) in by_wd[0.0] and id(model.hidden.weight) in by_wd[0.3]
+
+
+def test_momentum_maps_to_each_optimizers_knob():
+    p = [torch.zeros(3, 3, requires_grad=True)]
+    assert build_optimizer("adamw", p, momentum=0.8).param_groups[0]["betas"][0] == 0.8
+    assert build_optimizer("muon", p, momentum=0.8).param_groups[0]["momentum"] == 0.8
+    assert build_optimizer("sgd", p, momentum=0.8).param_groups[0]["momentum"] == 0.8
+    assert build_optimizer("lmo", p, momentum=0.8).param_groups[0]["beta"] == 0.8
+    assert build_optimizer("lion", p, momentum=0.8).param_groups[0]["betas"][1] == 0.8
+
+
+def test_errors_are_one_line_value_errors():
+    p = [torch.zeros(2, 2, requires_grad=True)]
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        build_optimizer("adamw2", p)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        build_optimizer("adamw", p, lr=0)
+    with pytest.raises(ValueError, match="momentum"):
+        build_optimizer("muon", p, momentum=1.5)
+    with pytest.raises(ValueError, match="bad hyperparameters"):
+        build_optimizer("sgd", p, not_a_knob=3)
+
+
+def test_missing_optional_package_gives_an_install_hint(monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "pytorch_optimizer":
+            raise ImportError("No module named 'pytorch_optimizer'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ImportError, match=r"pip install 'delaylab\[optimizers\]'"):
+        build_optimizer("lion", [torch.zeros(2, 2, requires_grad=True)])
+
+
+def test_combined_state_dict_round_trip_keeps_groups_shared():
+    model = Tiny()
+    opt = build_optimizer("muon", model)
+    _loss(model).backward()
+    opt.step()
+    sd = opt.state_dict()
+    fresh = build_optimizer("muon", model)
+    fresh.load_state_dict(sd)
+    assert fresh.param_groups[0] is fresh.optimizers[0].param_groups[0]
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_retarget_moves_all_state_to_new_tensors(name):
+    """Stepping a copy of the weights after retarget equals stepping the originals."""
+    torch.manual_seed(1)
+    a, b = Tiny(), Tiny()
+    b.load_state_dict(a.state_dict())
+    opt_a = Delayed(build_optimizer(name, a), delay=1, correction="ef")
+    opt_b = Delayed(build_optimizer(name, b), delay=1, correction="ef")
+    for _ in range(3):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            _loss(m).backward()
+            o.step()
+            o.zero_grad()
+    c = Tiny()
+    c.load_state_dict(b.state_dict())
+    params_b = [p for g in opt_b.param_groups for p in g["params"]]
+    names_b = {id(p): n for n, p in b.named_parameters()}
+    slot = dict(c.named_parameters())
+    retarget(opt_b, [slot[names_b[id(p)]] for p in params_b])
+    for _ in range(3):
+        for m, o in ((a, opt_a), (c, opt_b)):
+            _loss(m).backward()
+            o.step()
+            o.zero_grad()
+    for pa, pc in zip(a.parameters(), c.parameters()):
+        assert torch.equal(pa, pc)
