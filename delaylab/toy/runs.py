@@ -43,11 +43,16 @@ METHODS: dict[str, Method] = {
         Method("lmo-spectral", "LMOMomentum, spectral ball (Muon, exact polar factor)", "spectral"),
         Method("lmo-sign", "LMOMomentum, l_inf ball (Signum / sign descent)", "sign"),
         Method("lmo-l2", "LMOMomentum, l2 ball (normalized SGD with momentum)", "l2"),
-        Method("sgdm", "torch SGD with EMA momentum (dampening = momentum)", None),
+        Method("sgdm", "torch SGD with (heavy-ball) momentum", None),
         Method("adam", "torch Adam, betas = (beta, 0.999)", None),
     )
 }
 ADAM_BETA2 = 0.999
+
+
+def sgdm_lr(eta: float, beta: float) -> float:
+    """torch SGD's lr for the EMA-momentum step ``eta`` of the theory (Theorem 4)."""
+    return eta * (1.0 - beta)
 
 
 def get_method(name: str) -> Method:
@@ -75,15 +80,30 @@ class Trajectory:
         """``(1/T) sum_t ||grad f(x_t)||_*`` per seed, shape (S,)."""
         return self.grad_norm[norm].mean(dim=0)
 
+    def at_gradient_points(self, norm: str, tau: int) -> torch.Tensor:
+        """``||grad f(x_{max(t - tau, 0)})||_*`` for t < T: the norms at the points where the
+        applied gradients were taken (the metric of the EF and SGD-M bounds), shape (T, S)."""
+        idx = (torch.arange(self.steps) - tau).clamp(min=0)
+        return self.grad_norm[norm][idx]
+
+    def delta_bar(self) -> torch.Tensor:
+        """Mean direction drift ``(1/T) sum_{t<T} ||D_t - D_{t-1}||`` (D_{-1} = 0) per seed.
+
+        It sums every term of Assumption A5's mean (and one more), so it is an upper estimate.
+        """
+        if self.direction_change is None:
+            raise ValueError("direction drift is recorded for single-block LMO runs only")
+        return self.direction_change.mean(dim=0)
+
 
 def _inner(method: Method, params: list[torch.Tensor], lr: float, beta: float):
     groups = [{"params": [p]} for p in params]
     if method.norm is not None:
         return LMOMomentum(groups, lr=lr, beta=beta, norm=method.norm, batch_dims=1, method="svd")
     if method.name == "sgdm":
-        # dampening = momentum makes torch's buffer the EMA m = beta m + (1-beta) g of the
-        # theory (torch starts it at m_0 = g_0).
-        return torch.optim.SGD(groups, lr=lr, momentum=beta, dampening=beta)
+        # torch's buffer b = beta b + g is 1/(1-beta) times the EMA m = beta m + (1-beta) g
+        # started at m_{-1} = 0, so lr is the theory's eta times (1 - beta); see sgdm_lr.
+        return torch.optim.SGD(groups, lr=lr, momentum=beta)
     return torch.optim.Adam(groups, lr=lr, betas=(beta, ADAM_BETA2))
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from delaylab.toy.problems import LogDet, SeparableCauchy, make_problem
-from delaylab.toy.runs import METHODS, run
+from delaylab.toy.runs import METHODS, run, sgdm_lr
 
 F64 = torch.float64
 
@@ -49,12 +49,9 @@ def reference(problem, *, step_fn, lr, beta, steps, seeds, seed, taus, ef=False,
             if len(queues[i]) <= taus[i]:
                 continue
             gi = queues[i].pop(0)
-            if sgdm:
-                moms[i] = gi.clone() if moms[i] is None else beta * moms[i] + (1 - beta) * gi
-                s = -lr * moms[i]
-            else:
-                moms[i] = (1 - beta) * gi if moms[i] is None else beta * moms[i] + (1 - beta) * gi
-                s = lr * step_fn(moms[i])
+            # EMA momentum from m_{-1} = 0, for both (SGD-M steps -eta m, the LMO methods eta LMO(m)).
+            moms[i] = (1 - beta) * gi if moms[i] is None else beta * moms[i] + (1 - beta) * gi
+            s = -lr * moms[i] if sgdm else lr * step_fn(moms[i])
             if ef:
                 lag = taus[i]
                 x[i] = x[i] + (lag + 1) * s - lag * prev_steps[i]
@@ -77,6 +74,7 @@ CASES = [
     (LogDet(m=5, n=3), "lmo-spectral", spectral_step, [1], True),
     (make_problem("cauchy-regression", d=5, samples=30, batch=2), "lmo-l2", l2_step, [1], False),
     (SeparableCauchy(d=8), "sgdm", None, [1], False),
+    (SeparableCauchy(d=8), "sgdm", None, [2, 0], False),
 ]
 
 
@@ -89,7 +87,8 @@ def test_runner_measures_the_hand_written_delayed_sequence(problem, method, step
     )
     norm = METHODS[method].measure_norm
     delay = taus[0] if len(taus) == 1 else taus
-    traj = run(problem, method, lr=lr, beta=beta, steps=steps, seeds=seeds, seed=5, delay=delay,
+    torch_lr = sgdm_lr(lr, beta) if method == "sgdm" else lr
+    traj = run(problem, method, lr=torch_lr, beta=beta, steps=steps, seeds=seeds, seed=5, delay=delay,
                correction="ef" if ef else "none")
     flat = xs[:steps].reshape(steps * seeds, *problem.shape)
     g = problem.grad(flat).reshape(steps, seeds, -1)
@@ -118,6 +117,18 @@ def test_delay_zero_is_sync_and_delay_changes_the_run():
     assert not torch.allclose(sync.value, delayed.value)
     # The first two iterates agree: update 0 uses the gradient at x_0 in both.
     torch.testing.assert_close(sync.value[:2], delayed.value[:2])
+
+
+def test_gradient_points_and_drift_helpers():
+    p = SeparableCauchy(d=8, start=0.5)
+    traj = run(p, "lmo-sign", lr=0.05, beta=0.5, steps=12, seeds=2, delay=2, correction="ef")
+    pts = traj.at_gradient_points("sign", 2)
+    torch.testing.assert_close(pts[:3], traj.grad_norm["sign"][[0, 0, 0]])
+    torch.testing.assert_close(pts[3:], traj.grad_norm["sign"][1:-2])
+    # sign directions are +-1 vectors: every change is 0 or 2 in l_inf, the first one is 1.
+    ch = traj.direction_change
+    assert torch.all((ch[1:] < 1e-9) | (ch[1:].sub(2).abs() < 1e-9))
+    torch.testing.assert_close(traj.delta_bar(), ch.mean(0))
 
 
 def test_lmo_steps_have_norm_exactly_lr():
