@@ -137,7 +137,7 @@ class Delayed(Optimizer):
             self.updated = True
             return loss
 
-        ef_groups: dict[int, list[torch.Tensor]] = defaultdict(list)  # lag -> params
+        ef_params: list[tuple[int, torch.Tensor]] = []  # (lag, param) of EF updates
         any_update = False
         for gi, group in enumerate(self.param_groups):
             k = self._updates[gi]
@@ -160,18 +160,17 @@ class Delayed(Optimizer):
             any_update = True
             lag = self.ef_lags[gi] if delayed and self.correction == "ef" else 0
             if lag:
-                ef_groups[lag].extend(p for p in group["params"] if p.grad is not None)
+                ef_params.extend((lag, p) for p in group["params"] if p.grad is not None)
 
         self.updated = any_update
         if not any_update:
             return loss
-        if not ef_groups:
+        if not ef_params:
             self.inner.step()
             return loss
-        ef_params = [p for ps in ef_groups.values() for p in ps]
-        before = [p.detach().clone() for p in ef_params]
+        before = [p.detach().clone() for _, p in ef_params]
         self.inner.step()
-        self._extrapolate(ef_groups, ef_params, before)
+        self._extrapolate(ef_params, before)
         return loss
 
     def _push(self, group) -> None:
@@ -206,18 +205,20 @@ class Delayed(Optimizer):
         for p in group["params"]:
             p.grad = None
 
-    def _extrapolate(self, ef_groups, ef_params, before) -> None:
-        """x <- x_new + lag * (u_prev - u), with u = x_before - x_new; u becomes the buffer."""
-        torch._foreach_sub_(before, ef_params)  # before := u
-        updates = dict(zip(map(id, ef_params), before))
-        for lag, params in ef_groups.items():
-            u = [updates[id(p)] for p in params]
-            prev = [self.state[p].get("ef_buffer") for p in params]
-            prev = [torch.zeros_like(x) if b is None else b for x, b in zip(u, prev)]
-            torch._foreach_sub_(prev, u)  # prev := u_prev - u
-            torch._foreach_add_(params, prev, alpha=lag)
-            for p, new in zip(params, u):
-                self.state[p]["ef_buffer"] = new
+    def _extrapolate(self, ef_params, before) -> None:
+        """x <- x_new + lag * (u_prev - u) with u = x_before - x_new; u becomes the buffer.
+
+        One parameter at a time, so the three passes over a tensor run while it is in cache.
+        """
+        for (lag, p), u in zip(ef_params, before):
+            u.sub_(p)
+            st = self.state[p]
+            prev = st.get("ef_buffer")
+            if prev is None:  # u_{-1} = 0
+                p.sub_(u, alpha=lag)
+            else:
+                p.add_(prev.sub_(u), alpha=lag)
+            st["ef_buffer"] = u
 
     # -- state ---------------------------------------------------------------------------------
     def _params(self) -> list[torch.Tensor]:
