@@ -113,3 +113,12 @@ def csv_list(kind: Callable[[str], Any]) -> Callable[[str], list]:
         return [kind(t) for t in items]
 
     return parse
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Report bad arguments of ``parser`` in one line on stderr (no usage block), exit code 2."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parser.error = error

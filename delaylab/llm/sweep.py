@@ -1,0 +1,255 @@
+"""Grids of runs (optimizer x mode x lr x momentum x seed) and the delay gap they measure.
+
+``sweep(base, out, optimizers, modes, lrs, momenta, seeds)`` runs every cell in
+``out/cells/<cell>/`` through :func:`delaylab.llm.train.train` (finished cells are read, not
+rerun; interrupted ones resume from their checkpoint), then writes
+
+- ``gaps.json``: per optimizer, at its best sync lr, the sync, delayed and EF losses with
+  their seed spread, the gap ``delayed - sync`` (paired by seed: same init, same batches) and
+  the share of the gap EF recovers; and the same numbers for every (lr, momentum) of the grid;
+- ``llm_loss_curves.png``, ``llm_gap_vs_momentum.png`` and ``llm_loss_vs_lr.png``.
+
+Modes: ``sync``, ``delayed``, ``ef`` (delayed + error feedback), ``dc-asgd``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from delaylab.llm.train import CHECKPOINT, Diverged, TrainConfig, _differences, train
+
+SWEEP_MODES = {"sync": ("sync", "none"), "delayed": ("delayed", "none"),
+               "ef": ("delayed", "ef"), "dc-asgd": ("delayed", "dc-asgd")}
+
+
+@dataclass(frozen=True)
+class Cell:
+    optimizer: str
+    mode: str  # a SWEEP_MODES key
+    lr: float
+    momentum: float | None
+    seed: int
+
+    @property
+    def name(self) -> str:
+        mom = "default" if self.momentum is None else f"{self.momentum:g}"
+        return f"{self.optimizer}_{self.mode}_lr{self.lr:g}_m{mom}_s{self.seed}"
+
+    def config(self, base: TrainConfig) -> TrainConfig:
+        mode, correction = SWEEP_MODES[self.mode]
+        return replace(base, optimizer=self.optimizer, mode=mode, correction=correction,
+                       lr=self.lr, momentum=self.momentum, seed=self.seed)
+
+
+def plan(base: TrainConfig, optimizers, modes, lrs=None, momenta=None, seeds=1) -> list[Cell]:
+    """The cells of the grid. ``lrs``: a list for every optimizer, or ``{optimizer: [...]}``;
+    ``None`` (or a missing optimizer) uses the optimizer's default lr."""
+    for m in modes:
+        if m not in SWEEP_MODES:
+            raise ValueError(f"unknown sweep mode {m!r} (choose from {', '.join(SWEEP_MODES)})")
+    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if not seeds or not optimizers or not modes:
+        raise ValueError("a sweep needs at least one optimizer, mode and seed")
+    cells = []
+    for opt in optimizers:
+        replace(base, optimizer=opt).validate()  # unknown optimizer: fail before running anything
+        grid = lrs.get(opt) if isinstance(lrs, dict) else lrs
+        for lr in grid or [replace(base, optimizer=opt, lr=None).resolved_lr()]:
+            for mom in momenta or [None]:
+                for mode in modes:
+                    for seed in seeds:
+                        cell = Cell(opt, mode, float(lr), mom, seed)
+                        cell.config(base).validate()
+                        cells.append(cell)
+    return cells
+
+
+def run_cell(base: dict, cell: Cell, folder: str) -> dict:
+    """Run (or read, or resume) one cell; a diverged run is a result, not an error."""
+    cfg = cell.config(TrainConfig.from_dict(base))
+    folder = Path(folder)
+    summary = folder / "summary.json"
+    if summary.is_file():
+        saved = json.loads((folder / "config.json").read_text())
+        if _differences(cfg.to_dict(), saved):
+            raise ValueError(f"{folder} was run with another config; use another sweep folder")
+        return json.loads(summary.read_text())
+    resume = (folder / CHECKPOINT).is_file()
+    if not resume and folder.exists():
+        shutil.rmtree(folder)  # an attempt that stopped before its first checkpoint
+    try:
+        return train(cfg, folder, resume=resume)
+    except Diverged:
+        return json.loads(summary.read_text())
+
+
+def _stats(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"mean": None, "std": None, "min": None, "max": None, "values": values}
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return {"mean": mean, "std": std, "min": min(vals), "max": max(vals), "values": values}
+
+
+def summarize(records: list[dict]) -> dict:
+    """The gap table from cell records ``{optimizer, mode, lr, momentum, seed, val_loss}``.
+
+    Gaps and EF recovery are computed per seed (sync and delayed runs of one seed share init
+    and batches), then summarized over seeds. A diverged run has ``val_loss`` None.
+    """
+    groups: dict[tuple, dict] = {}
+    for r in records:
+        key = (r["optimizer"], r["lr"], r["momentum"])
+        groups.setdefault(key, {}).setdefault(r["mode"], {})[r["seed"]] = r["val_loss"]
+    grid = []
+    for (opt, lr, mom), by_mode in groups.items():
+        row = {"optimizer": opt, "lr": lr, "momentum": mom}
+        for mode, per_seed in sorted(by_mode.items()):
+            row[mode] = _stats([per_seed[s] for s in sorted(per_seed)])
+        sync, delayed = by_mode.get("sync", {}), by_mode.get("delayed", {})
+        paired = sorted(set(sync) & set(delayed))
+
+        def diff(a, b):
+            return None if a is None or b is None else a - b
+
+        if paired:
+            row["gap"] = _stats([diff(delayed[s], sync[s]) for s in paired])
+        for fix in ("ef", "dc-asgd"):
+            runs = by_mode.get(fix, {})
+            seeds = [s for s in paired if s in runs]
+            if not seeds:
+                continue
+            per_seed = []
+            for s in seeds:
+                gap, won = diff(delayed[s], sync[s]), diff(delayed[s], runs[s])
+                per_seed.append(None if gap is None or won is None or gap == 0 else 100 * won / gap)
+            means = [row[m]["mean"] for m in ("sync", "delayed", fix)]
+            pct = None
+            if None not in means and means[1] != means[0]:
+                pct = 100 * (means[1] - means[2]) / (means[1] - means[0])
+            row[f"{fix}_recovered_pct"] = {"of_mean_gap": pct, "values": per_seed}
+        grid.append(row)
+    grid.sort(key=lambda r: (r["optimizer"], r["momentum"] is not None, r["momentum"] or 0, r["lr"]))
+
+    def sync_mean(row):
+        m = row.get("sync", {}).get("mean")
+        return math.inf if m is None else m
+
+    best = {}
+    for opt in dict.fromkeys(r["optimizer"] for r in grid):
+        rows = [r for r in grid if r["optimizer"] == opt and "sync" in r]
+        if rows:
+            best[opt] = min(rows, key=sync_mean)
+    return {"metric": "final val loss", "best": best, "grid": grid}
+
+
+def _curve(folder: Path) -> tuple[list[int], list[float]]:
+    steps, losses = [], []
+    path = folder / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            steps.append(rec["step"])
+            losses.append(rec["train_loss"])
+    return steps, losses
+
+
+def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
+    from delaylab.llm import plots
+
+    written = []
+    best = gaps["best"]
+    if best:  # loss curves at each optimizer's best sync lr, mean over seeds
+        fig, axes = plots.grid(len(best))
+        for ax, (opt, row) in zip(axes, best.items()):
+            curves = {}
+            for mode in SWEEP_MODES:
+                runs = [_curve(out / "cells" / c.name) for c in cells
+                        if (c.optimizer, c.lr, c.momentum, c.mode) == (opt, row["lr"], row["momentum"], mode)]
+                runs = [r for r in runs if r[0]]
+                n = min((len(r[0]) for r in runs), default=0)
+                if n:
+                    curves[mode] = (runs[0][0][:n], [sum(r[1][i] for r in runs) / len(runs) for i in range(n)])
+            plots.loss_curves(curves, f"{opt} (lr {row['lr']:g})", ax=ax)
+        plots.save(fig, out / "llm_loss_curves.png")
+        written.append("llm_loss_curves.png")
+    momenta = {r["momentum"] for r in gaps["grid"]}
+    if len(momenta) > 1:
+        rows = {}
+        for opt in best:
+            for mom in momenta:
+                cand = [r for r in gaps["grid"] if r["optimizer"] == opt and r["momentum"] == mom
+                        and r.get("gap", {}).get("mean") is not None and r.get("sync", {}).get("mean") is not None]
+                if cand:
+                    r = min(cand, key=lambda r: r["sync"]["mean"])
+                    rows.setdefault(opt, []).append((mom, r["gap"]["mean"], r["gap"]["std"]))
+        fig = plots.gap_vs_momentum(rows)
+        plots.save(fig, out / "llm_gap_vs_momentum.png")
+        written.append("llm_gap_vs_momentum.png")
+    if len({r["lr"] for r in gaps["grid"]}) > 1 and best:
+        fig, axes = plots.grid(len(best))
+        for ax, (opt, brow) in zip(axes, best.items()):
+            rows = {}
+            for r in gaps["grid"]:
+                if r["optimizer"] == opt and r["momentum"] == brow["momentum"]:
+                    for mode in SWEEP_MODES:
+                        if mode in r:
+                            rows.setdefault(mode, []).append((r["lr"], r[mode]["mean"], r[mode]["std"]))
+            plots.loss_vs_lr(rows, opt, ax=ax)
+        plots.save(fig, out / "llm_loss_vs_lr.png")
+        written.append("llm_loss_vs_lr.png")
+    return written
+
+
+def sweep(base: TrainConfig, out, optimizers, modes=("sync", "delayed", "ef"), lrs=None,
+          momenta=None, seeds=1, jobs: int = 1, progress: bool | None = None) -> dict:
+    """Run the grid (``jobs`` cells at a time, one thread each when ``jobs > 1``) and return gaps.json."""
+    from tqdm.auto import tqdm
+
+    from delaylab.commands._common import write_json
+
+    base.validate()
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    cells = plan(base, optimizers, modes, lrs, momenta, seeds)
+    out = Path(out)
+    spec_path = out / "sweep.json"
+    base_dict = replace(base, progress=False).to_dict()
+    if jobs > 1 and base.threads is None:
+        base_dict["threads"] = 1  # two single-threaded runs use two cores better than one with two
+    if spec_path.is_file():
+        saved = json.loads(spec_path.read_text())["base"]
+        diff = [k for k in base_dict if k != "threads" and saved.get(k) != base_dict[k]]
+        if diff:
+            raise ValueError(f"{out} holds a sweep with another base config ({', '.join(diff)}); use another --out")
+    write_json(spec_path, {"base": base_dict, "cells": [c.name for c in cells]})
+    bar = tqdm(total=len(cells), disable=None if progress is None else not progress, desc="sweep", unit="run")
+    results = {}
+    try:
+        if jobs == 1:
+            for c in cells:
+                results[c] = run_cell(base_dict, c, str(out / "cells" / c.name))
+                bar.update(1)
+        else:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+                futures = {pool.submit(run_cell, base_dict, c, str(out / "cells" / c.name)): c for c in cells}
+                for fut in futures:
+                    results[futures[fut]] = fut.result()
+                    bar.update(1)
+    finally:
+        bar.close()
+    records = [{"optimizer": c.optimizer, "mode": c.mode, "lr": c.lr, "momentum": c.momentum,
+                "seed": c.seed, "val_loss": results[c].get("val_loss")} for c in cells]
+    gaps = summarize(records)
+    gaps["figures"] = write_figures(gaps, out, cells)
+    gaps["steps"], gaps["preset"] = base.steps, base.preset
+    write_json(out / "gaps.json", gaps)
+    return gaps

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+
+from delaylab.cli import main
+
+QUICK = ["--preset", "tiny", "--batch-size", "4", "--block-size", "32", "--eval-batches", "2", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELAYLAB_CACHE", str(tmp_path / "cache"))
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_json_prints_the_summary_and_writes_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run(capsys, "llm", "train", *QUICK, "--optimizer", "muon", "--mode", "delayed",
+                            "--correction", "ef", "--steps", "6", "--out", str(out), "--json")
+    assert code == 0
+    summary = json.loads(stdout)  # exactly one JSON object
+    for key in ("val_loss", "train_loss", "steps", "tokens", "tokens_per_s", "optimizer", "mode", "correction"):
+        assert key in summary
+    assert (summary["optimizer"], summary["mode"], summary["correction"], summary["steps"]) == ("muon", "delayed", "ef", 6)
+    assert summary["tokens"] == 7 * 4 * 32  # 6 updates take 7 calls with tau = 1
+    assert json.loads((out / "summary.json").read_text()) == summary
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines][-1] == 6
+    assert json.loads((out / "config.json").read_text())["optimizer"] == "muon"
+
+
+def test_cli_resume_matches_an_uninterrupted_run(tmp_path, capsys):
+    args = [*QUICK, "--optimizer", "adamw", "--mode", "delayed", "--steps", "6", "--json"]
+    run(capsys, "llm", "train", *args, "--out", str(tmp_path / "a"))
+    full = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert run(capsys, "llm", "train", *args, "--out", str(tmp_path / "b"), "--stop-at", "3")[0] == 0
+    code, stdout, _ = run(capsys, "llm", "train", "--resume", str(tmp_path / "b"), "--json")
+    assert code == 0 and json.loads(stdout)["val_loss"] == full["val_loss"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--preset", "huge"], "unknown preset"),
+    (["--optimizer", "nadam"], "unknown optimizer"),
+    (["--mode", "async"], "unknown mode"),
+    (["--lr", "0"], "lr must be > 0"),
+    (["--steps", "0"], "steps must be >= 1"),
+    (["--data", "/nonexistent/corpus.txt"], "not found"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, msg):
+    out = tmp_path / "run"
+    code, stdout, err = run(capsys, "llm", "train", *QUICK, *argv, "--out", str(out))
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and stdout == ""
+    assert not out.exists()
+
+
+def test_bad_data_files_and_foreign_checkpoints(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty.txt").write_text("")
+    pq.write_table(pa.table({"body": ["some text"] * 5}), tmp_path / "shard.parquet")
+    for path, msg in ((tmp_path / "empty.txt", "empty"), (tmp_path / "shard.parquet", "no column 'text'")):
+        code, _, err = run(capsys, "llm", "train", *QUICK, "--data", str(path), "--out", str(tmp_path / "x"))
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
+    run_dir = tmp_path / "run"
+    assert run(capsys, "llm", "train", *QUICK, "--steps", "2", "--out", str(run_dir))[0] == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    code, _, err = run(capsys, "llm", "train", "--resume", str(run_dir), "--lr", "0.5")
+    assert code == 2 and "another config" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "llm", "train", *QUICK, "--steps", "2", "--out", str(run_dir))
+    assert code == 2 and "already holds a run" in err
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_sweep_cli_prints_gaps_json(tmp_path, capsys):
+    code, stdout, _ = run(capsys, "llm", "sweep", *QUICK, "--optimizers", "adamw", "--modes", "sync,delayed",
+                          "--lrs", "adamw=0.001,0.002", "--steps", "3", "--out", str(tmp_path / "sw"), "--json")
+    assert code == 0
+    gaps = json.loads(stdout)
+    assert gaps["best"]["adamw"]["lr"] in (0.001, 0.002) and len(gaps["grid"]) == 2
+    code, _, err = run(capsys, "llm", "sweep", "--lrs", "adamw=-1", "--out", str(tmp_path / "s2"))
+    assert code == 2 and "must be > 0" in err

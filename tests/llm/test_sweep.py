@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from delaylab.llm import sweep as S
+from delaylab.llm.sweep import plan, summarize, sweep
+
+
+def rec(opt, mode, lr, seed, loss, mom=None):
+    return {"optimizer": opt, "mode": mode, "lr": lr, "momentum": mom, "seed": seed, "val_loss": loss}
+
+
+def test_summarize_pairs_seeds_and_picks_the_best_sync_lr():
+    records = [
+        rec("adamw", "sync", 1e-3, 0, 2.0), rec("adamw", "sync", 1e-3, 1, 2.2),
+        rec("adamw", "delayed", 1e-3, 0, 2.5), rec("adamw", "delayed", 1e-3, 1, 2.5),
+        rec("adamw", "ef", 1e-3, 0, 2.1), rec("adamw", "ef", 1e-3, 1, 2.4),
+        rec("adamw", "sync", 3e-3, 0, 2.3), rec("adamw", "sync", 3e-3, 1, None),  # diverged
+        rec("adamw", "delayed", 3e-3, 0, 2.9), rec("adamw", "delayed", 3e-3, 1, 3.0),
+    ]
+    g = summarize(records)
+    best = g["best"]["adamw"]
+    assert best["lr"] == 1e-3
+    assert best["sync"]["mean"] == pytest.approx(2.1) and best["sync"]["std"] == pytest.approx(0.1414213, rel=1e-5)
+    assert best["gap"]["values"] == pytest.approx([0.5, 0.3])
+    assert best["gap"]["mean"] == pytest.approx(0.4)
+    # EF: seed 0 recovers (2.5-2.1)/0.5 = 80%, seed 1 (2.5-2.4)/0.3 = 33.3%; of the mean gap 62.5%
+    assert best["ef_recovered_pct"]["values"] == pytest.approx([80.0, 100 / 3])
+    assert best["ef_recovered_pct"]["of_mean_gap"] == pytest.approx(62.5)
+    other = next(r for r in g["grid"] if r["lr"] == 3e-3)
+    assert other["gap"]["values"][1] is None and other["gap"]["mean"] == pytest.approx(0.6)
+
+
+def test_plan_rejects_bad_names_before_running(quick):
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        plan(quick(), ["adamw", "nadam"], ["sync"])
+    with pytest.raises(ValueError, match="unknown sweep mode"):
+        plan(quick(), ["adamw"], ["async"])
+    cells = plan(quick(), ["adamw", "muon"], ["sync", "ef"], {"adamw": [1e-3, 2e-3]}, [0.9], seeds=2)
+    assert len(cells) == (2 + 1) * 2 * 2
+    assert {c.lr for c in cells if c.optimizer == "muon"} == {0.02}  # the optimizer's default
+
+
+def test_sweep_writes_gaps_and_figures_and_does_not_rerun_finished_cells(quick, tmp_path, monkeypatch):
+    monkeypatch.setenv("DELAYLAB_CACHE", str(tmp_path / "cache"))
+    base = quick(steps=4, eval_every=2, log_every=1)
+    gaps = sweep(base, tmp_path / "sw", ["adamw", "muon"], ["sync", "delayed", "ef"],
+                 lrs={"adamw": [1e-3, 3e-3], "muon": [0.02]}, momenta=[0.8, 0.9], seeds=1)
+    out = tmp_path / "sw"
+    assert json.loads((out / "gaps.json").read_text())["best"].keys() == {"adamw", "muon"}
+    for name in ("llm_loss_curves.png", "llm_gap_vs_momentum.png", "llm_loss_vs_lr.png"):
+        assert (out / name).stat().st_size > 1000
+    cell = out / "cells" / "adamw_ef_lr0.001_m0.8_s0"
+    summary = json.loads((cell / "summary.json").read_text())
+    assert (summary["mode"], summary["correction"], summary["lr"]) == ("delayed", "ef", 1e-3)
+    row = next(r for r in gaps["grid"] if (r["optimizer"], r["lr"], r["momentum"]) == ("adamw", 1e-3, 0.8))
+    assert row["ef"]["values"] == [summary["val_loss"]]
+    # a rerun reads every cell instead of training again
+    monkeypatch.setattr(S, "train", lambda *a, **k: pytest.fail("reran a finished cell"))
+    again = sweep(base, out, ["adamw", "muon"], ["sync", "delayed", "ef"],
+                  lrs={"adamw": [1e-3, 3e-3], "muon": [0.02]}, momenta=[0.8, 0.9], seeds=1)
+    assert again["grid"] == gaps["grid"]
+    with pytest.raises(ValueError, match="another base config"):
+        sweep(quick(steps=5), out, ["adamw"], ["sync"])

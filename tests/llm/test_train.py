@@ -1,0 +1,158 @@
+import json
+import math
+
+import pytest
+import torch
+
+from delaylab.llm import train as T
+from delaylab.llm.model import GPT
+from delaylab.llm.train import Diverged, Trainer, lr_factor, stage_ranges, train
+
+
+def weights(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("opt,correction,delay", [("muon", "ef", 1), ("adamw", "dc-asgd", 2), ("adamw", "none", [1, 0])])
+def test_resume_is_bit_exact(quick, corpus, tmp_path, opt, correction, delay):
+    cfg = quick(optimizer=opt, mode="delayed", correction=correction, delay=delay, steps=12, eval_every=6)
+    full = train(cfg, tmp_path / "full", dataset=corpus)
+    part = train(cfg, tmp_path / "part", stop_at=5, dataset=corpus)
+    assert part["status"] == "stopped" and part["steps"] == 5
+    assert not (tmp_path / "part" / "summary.json").exists()
+    resumed = train(cfg, tmp_path / "part", resume=True, dataset=corpus)
+    for key in ("val_loss", "train_loss", "steps", "calls", "tokens"):
+        assert resumed[key] == full[key], key  # to the last bit
+    a = torch.load(tmp_path / "full" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+    def lines(d):
+        return [{k: v for k, v in json.loads(line).items() if k != "time"}
+                for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+
+    assert lines("full") == lines("part")  # nothing logged twice across the resume
+
+
+def test_sync_mode_is_a_plain_pytorch_loop(quick, corpus):
+    cfg = quick(optimizer="adamw", lr=3e-3, warmup=2)
+    trainer = Trainer(cfg, corpus)
+    torch.manual_seed(cfg.seed)
+    model = GPT(trainer.model_cfg)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=3e-3, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, cfg))
+    for c in range(cfg.steps):
+        x, y = corpus.batch(c, cfg.batch_size, 32, cfg.seed)
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        trainer.step()
+    for (name, a), b in zip(trainer.model.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_delayed_sgd_uses_batch_k_at_the_weights_of_update_k_minus_tau(quick, corpus):
+    """x_{k+1} = x_k - lr * grad f(x_{max(0, k - tau)}; batch k), written out by hand."""
+    lr, tau, steps = 0.5, 2, 6
+    cfg = quick(optimizer="sgd", lr=lr, momentum=0.0, schedule="constant", warmup=0,
+                mode="delayed", delay=tau, steps=steps)
+    trainer = Trainer(cfg, corpus)
+    history = [[p.detach().clone() for p in trainer.model.parameters()]]
+    model = GPT(trainer.model_cfg)
+    while trainer.updates < steps:
+        trainer.step()
+    assert trainer.calls == steps + tau
+    for k in range(steps):
+        for p, v in zip(model.parameters(), history[max(0, k - tau)]):
+            p.data.copy_(v)
+            p.grad = None
+        x, y = corpus.batch(k, cfg.batch_size, 32, cfg.seed)
+        model(x, y)[1].backward()
+        history.append([h - lr * p.grad for h, p in zip(history[k], model.parameters())])
+    for a, b in zip(trainer.model.parameters(), history[steps]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # and the delay mattered: plain SGD ends elsewhere
+    sync = Trainer(quick(optimizer="sgd", lr=lr, momentum=0.0, schedule="constant", warmup=0, steps=steps), corpus)
+    while sync.updates < steps:
+        sync.step()
+    assert max((a - b).abs().max() for a, b in zip(sync.model.parameters(), history[steps])) > 1e-3
+
+
+def test_per_stage_delays_hold_back_the_early_stages(quick, corpus):
+    cfg = quick(optimizer="muon", mode="delayed", delay=[1, 0], steps=3)
+    trainer = Trainer(cfg, corpus)
+    before = weights(trainer)
+    trainer.step()  # stage 0 (embed, blocks.0) only queues; stage 1 (blocks.1, head) updates
+    after = weights(trainer)
+    for name in before:
+        moved = not torch.equal(before[name], after[name])
+        assert moved == name.startswith(("blocks.1.", "head.")), name
+    while trainer.updates < 3:
+        trainer.step()
+    assert trainer.calls == 4 and trainer.opt.group_updates == [3] * len(trainer.opt.param_groups)
+    assert stage_ranges(5, 2) == [range(0, 3), range(3, 5)]
+
+
+def test_muon_gets_exactly_the_hidden_matrices(quick, corpus):
+    trainer = Trainer(quick(optimizer="muon"), corpus)
+    muon, adamw = trainer.opt.inner.optimizers
+    assert isinstance(muon, torch.optim.Muon)
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    got = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    want = {n for n, p in trainer.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2}
+    assert got == want
+
+
+def test_lr_schedules_by_hand(quick):
+    cfg = quick(steps=11, warmup=0, min_lr_ratio=0.1)  # cosine from update 0 to update 10
+    assert lr_factor(0, cfg) == 1.0
+    assert lr_factor(10, cfg) == pytest.approx(0.1)
+    assert lr_factor(5, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    warm = quick(steps=100, warmup=10)
+    assert [lr_factor(k, warm) for k in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    wsd = quick(steps=10, warmup=0, schedule="wsd", wsd_decay=0.5, min_lr_ratio=0.0)
+    assert [lr_factor(k, wsd) for k in range(10)] == pytest.approx([1] * 5 + [0.8, 0.6, 0.4, 0.2, 0.0])
+
+
+def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(quick, corpus, tmp_path):
+    cfg = quick(optimizer="sgd", lr=1e4, momentum=0.0, schedule="constant", warmup=0, steps=50, ckpt_every=1)
+    with pytest.raises(Diverged, match="loss is (nan|inf)") as err:
+        train(cfg, tmp_path, dataset=corpus)
+    assert "\n" not in str(err.value) and "last good checkpoint" in str(err.value)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    # the weights of update `steps` gave the NaN; the kept checkpoint is the update before
+    assert summary["status"] == "diverged" and ckpt["calls"] == summary["steps"] - 1 >= 1
+    model = GPT(Trainer(cfg, corpus).model_cfg)
+    model.load_state_dict(ckpt["model"])
+    x, y = corpus.batch(ckpt["calls"], cfg.batch_size, 32, cfg.seed)
+    assert torch.isfinite(model(x, y)[1])  # the loss the run computed there was finite
+    assert not (tmp_path / "ckpt.pt.pending").exists()
+
+
+def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
+    cfg = quick(steps=2)
+    train(cfg, tmp_path, dataset=corpus)
+    snapshot = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(cfg, tmp_path, dataset=corpus)
+    with pytest.raises(ValueError, match="another config: lr"):
+        train(quick(steps=2, lr=0.5), tmp_path, resume=True, dataset=corpus)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == snapshot
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(cfg, tmp_path / "empty", resume=True, dataset=corpus)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(preset="huge"), "unknown preset"), (dict(optimizer="rmsprop"), "unknown optimizer"),
+    (dict(mode="async"), "unknown mode"), (dict(lr=0.0), "lr must be > 0"), (dict(steps=0), "steps must be >= 1"),
+    (dict(correction="ef"), "needs --mode delayed"), (dict(mode="delayed", delay=[1, 0, 0]), "3 stage delays"),
+])
+def test_bad_configs_are_value_errors(quick, bad, match):
+    with pytest.raises(ValueError, match=match):
+        quick(**bad).validate()
