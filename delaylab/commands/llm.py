@@ -129,25 +129,27 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _lrs(values: list[str] | None):
-    """``--lrs 0.001,0.002`` for every optimizer, or ``--lrs adamw=0.001,0.002 --lrs muon=0.02``."""
+def _per_optimizer(values: list[str] | None, flag: str, lower: float, upper: float | None = None):
+    """``FLAG 0.1,0.2`` for every optimizer, or ``FLAG adamw=0.1,0.2 FLAG muon=0.3`` (repeated)."""
     if not values:
         return None
     shared, per = None, {}
+    bounds = f"> {lower}" if upper is None else f"in [{lower}, {upper})"
     for text in values:
         name, _, rest = text.rpartition("=")
         try:
-            lrs = [float(t) for t in rest.split(",") if t.strip()]
+            vals = [float(t) for t in rest.split(",") if t.strip()]
         except ValueError:
-            raise UsageError(f"--lrs: expected numbers, got {text!r}") from None
-        if not lrs or any(not lr > 0 for lr in lrs):
-            raise UsageError(f"--lrs: learning rates must be > 0, got {text!r}")
+            raise UsageError(f"{flag}: expected numbers, got {text!r}") from None
+        ok = [(v > lower if upper is None else lower <= v < upper) for v in vals]
+        if not vals or not all(ok):
+            raise UsageError(f"{flag}: values must be {bounds}, got {text!r}")
         if name:
-            per[name] = lrs
+            per[name] = vals
         else:
-            shared = lrs
+            shared = vals
     if shared is not None and per:
-        raise UsageError("--lrs: give either one list for all optimizers or NAME=... lists, not both")
+        raise UsageError(f"{flag}: give either one list for all optimizers or NAME=... lists, not both")
     return per or shared
 
 
@@ -176,12 +178,9 @@ def cmd_sweep(args) -> int:
         raise UsageError("give --out DIR")
     if args.seeds < 1 or args.jobs < 1:
         raise UsageError("--seeds and --jobs must be >= 1")
-    for m in args.momenta or []:
-        if not 0 <= m < 1:
-            raise UsageError(f"--momentum must be in [0, 1), got {m}")
-    cfg = _config(args)
-    gaps = sweep(cfg, args.out, args.optimizers, args.modes, _lrs(args.lrs), args.momenta,
-                 args.seeds, jobs=args.jobs)
+    lrs = _per_optimizer(args.lrs, "--lrs", 0.0)
+    momenta = _per_optimizer(args.momenta, "--momentum", 0.0, 1.0)
+    gaps = sweep(_config(args), args.out, args.optimizers, args.modes, lrs, momenta, args.seeds, jobs=args.jobs)
     emit(gaps, args.json, _render_gaps)
     return 0
 
@@ -213,7 +212,9 @@ def register(sub) -> None:
                    help="of sync, delayed, ef, dc-asgd (default sync,delayed,ef)")
     s.add_argument("--lrs", action="append", metavar="[NAME=]LR,...",
                    help="peak lrs for every optimizer, or per optimizer (repeat the flag)")
-    s.add_argument("--momentum", dest="momenta", type=csv_list(float), metavar="M,...", help="momentum grid (default: each optimizer's)")
+    s.add_argument("--momentum", dest="momenta", action="append", metavar="[NAME=]M,...",
+                   help="momentum grid for every optimizer, or per optimizer (repeat the flag); "
+                        "default: each optimizer's own")
     s.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
     s.add_argument("--jobs", type=int, default=1, help="runs in parallel, one thread each (default 1)")
     _add_train_flags(s, sweep=True)

@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from delaylab.llm.train import CHECKPOINT, Diverged, TrainConfig, _differences, train
+from delaylab.llm.train import CHECKPOINT, Diverged, TrainConfig, config_differences, train
 
 SWEEP_MODES = {"sync": ("sync", "none"), "delayed": ("delayed", "none"),
                "ef": ("delayed", "ef"), "dc-asgd": ("delayed", "dc-asgd")}
@@ -47,8 +47,8 @@ class Cell:
 
 
 def plan(base: TrainConfig, optimizers, modes, lrs=None, momenta=None, seeds=1) -> list[Cell]:
-    """The cells of the grid. ``lrs``: a list for every optimizer, or ``{optimizer: [...]}``;
-    ``None`` (or a missing optimizer) uses the optimizer's default lr."""
+    """The cells of the grid. ``lrs`` and ``momenta``: a list for every optimizer, or
+    ``{optimizer: [...]}``; ``None`` (or a missing optimizer) uses the optimizer's default."""
     for m in modes:
         if m not in SWEEP_MODES:
             raise ValueError(f"unknown sweep mode {m!r} (choose from {', '.join(SWEEP_MODES)})")
@@ -60,7 +60,7 @@ def plan(base: TrainConfig, optimizers, modes, lrs=None, momenta=None, seeds=1) 
         replace(base, optimizer=opt).validate()  # unknown optimizer: fail before running anything
         grid = lrs.get(opt) if isinstance(lrs, dict) else lrs
         for lr in grid or [replace(base, optimizer=opt, lr=None).resolved_lr()]:
-            for mom in momenta or [None]:
+            for mom in (momenta.get(opt) if isinstance(momenta, dict) else momenta) or [None]:
                 for mode in modes:
                     for seed in seeds:
                         cell = Cell(opt, mode, float(lr), mom, seed)
@@ -76,7 +76,7 @@ def run_cell(base: dict, cell: Cell, folder: str) -> dict:
     summary = folder / "summary.json"
     if summary.is_file():
         saved = json.loads((folder / "config.json").read_text())
-        if _differences(cfg.to_dict(), saved):
+        if config_differences(cfg.to_dict(), saved):
             raise ValueError(f"{folder} was run with another config; use another sweep folder")
         return json.loads(summary.read_text())
     resume = (folder / CHECKPOINT).is_file()
@@ -225,9 +225,9 @@ def sweep(base: TrainConfig, out, optimizers, modes=("sync", "delayed", "ef"), l
         base_dict["threads"] = 1  # two single-threaded runs use two cores better than one with two
     if spec_path.is_file():
         saved = json.loads(spec_path.read_text())["base"]
-        diff = [k for k in base_dict if k != "threads" and saved.get(k) != base_dict[k]]
+        diff = config_differences(base_dict, saved)
         if diff:
-            raise ValueError(f"{out} holds a sweep with another base config ({', '.join(diff)}); use another --out")
+            raise ValueError(f"{out} holds a sweep with another base config ({'; '.join(diff)}); use another --out")
     write_json(spec_path, {"base": base_dict, "cells": [c.name for c in cells]})
     bar = tqdm(total=len(cells), disable=None if progress is None else not progress, desc="sweep", unit="run")
     results = {}

@@ -286,9 +286,12 @@ class Trainer:
             torch.cuda.set_rng_state_all(sd["rng"]["cuda"])
 
 
-def _differences(a: dict, b: dict) -> list[str]:
-    keys = [k for k in a if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
-    return [f"{k}={a.get(k)!r} vs {b.get(k)!r}" for k in keys]
+def config_differences(a: dict, b: dict) -> list[str]:
+    """Fields of two configs that would change a run (a field one lacks counts as its default)."""
+    default = TrainConfig().to_dict()
+    a, b = {**default, **a}, {**default, **b}
+    keys = [k for k in a if k not in RESUMABLE_CHANGES and a[k] != b.get(k)]
+    return [f"{k}={a[k]!r} vs {b.get(k)!r}" for k in keys]
 
 
 def check_resumable(cfg: TrainConfig, out: Path) -> dict:
@@ -302,7 +305,7 @@ def check_resumable(cfg: TrainConfig, out: Path) -> dict:
         raise ValueError(f"{path}: not a delaylab checkpoint ({type(err).__name__})") from None
     if not isinstance(ckpt, dict) or "config" not in ckpt:
         raise ValueError(f"{path}: not a delaylab checkpoint")
-    diff = _differences(cfg.to_dict(), ckpt["config"])
+    diff = config_differences(cfg.to_dict(), ckpt["config"])
     if diff:
         raise ValueError(f"the checkpoint in {out} is from another config: {'; '.join(diff)}")
     return ckpt
