@@ -1,8 +1,215 @@
-"""`delaylab theory ...` (filled in by the theory issue)."""
+"""`delaylab theory bound|tune|penalty|stability`: the bounds of delaylab.theory from the shell.
+
+Values are validated by the library (ValueError -> one-line error, exit 2), so the rules
+live in one place (delaylab/theory/bound.py).
+"""
 
 from __future__ import annotations
 
+import argparse
+
+from delaylab.commands._common import add_json_flag, emit, one_line_errors
+
+CONSTANT_FLAGS = (
+    ("L", "smoothness in the method's norm (Euclidean for sgdm)"),
+    ("sigma", "Euclidean noise std: E||g - grad f||_2^2 <= sigma^2"),
+    ("rho", "norm equivalence ||v||_* <= rho ||v||_2 (default 1)"),
+    ("G0", "||grad f(x0)||_* (needed with --init zero, the default)"),
+)
+
+
+def _add_bound_flags(p: argparse.ArgumentParser, with_eta: bool, with_T: bool = True) -> None:
+    b = p.add_argument_group("bound")
+    b.add_argument("--method", default="lmo", help="lmo (momentum-LMO: Muon, Signum, normalized SGD) or sgdm")
+    b.add_argument("--delay", "--tau", dest="delay", type=int, default=0, help="gradient delay tau (default 0)")
+    b.add_argument("--ef", action="store_true", help="with Error Feedback (lmo only)")
+    b.add_argument("--nesterov", action="store_true", help="Nesterov momentum (lmo only)")
+    b.add_argument("--init", default="zero", help="momentum start: zero (m_{-1}=0, default) or first (m_0=g_0)")
+    b.add_argument("--point", default="virtual",
+                   help="EF only: measure the gradient at the virtual (default) or real iterates")
+    c = p.add_argument_group("constants")
+    for name, text in CONSTANT_FLAGS:
+        c.add_argument(f"--{name}", type=float, default=1.0 if name == "rho" else None, help=text)
+    c.add_argument("--Delta", "--delta", dest="Delta", type=float, help="f(x0) - inf f")
+    c.add_argument("--delta-bar", dest="delta_bar", type=float,
+                   help="EF: measured mean direction drift in [0, 2] (default 1)")
+    if with_T:
+        c.add_argument("--T", type=float, required=True, help="number of updates")
+    if with_eta:
+        c.add_argument("--eta", type=float, required=True, help="step size (the step norm for lmo)")
+        c.add_argument("--beta", type=float, required=True, help="momentum in [0, 1)")
+    else:
+        c.add_argument("--beta", type=float, help="fix the momentum (default: tune it too)")
+
+
+def _bound_from(args):
+    from delaylab.theory import get_bound
+
+    return get_bound(args.method, args.delay, args.ef, args.nesterov, args.init, args.point)
+
+
+def _constants(args, bound) -> dict:
+    from delaylab.commands._common import UsageError
+
+    vals = {k: getattr(args, k) for k in ("L", "sigma", "rho", "Delta", "G0", "delta_bar")}
+    if vals["delta_bar"] is None and "delta_bar" in bound.symbols:
+        vals["delta_bar"] = 1.0
+    vals = {k: v for k, v in vals.items() if v is not None}
+    missing = [n for n in bound.symbols if n not in vals and n not in ("eta", "beta", "T", "tau")]
+    if missing:
+        raise UsageError(f"{bound.name} needs " + ", ".join(f"--{n}" for n in missing))
+    return vals
+
+
+def _fmt(x) -> str:
+    return "null" if x is None else f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def cmd_bound(args) -> int:
+    from delaylab.theory import evaluate
+
+    bound = _bound_from(args)
+    consts = _constants(args, bound)
+    ev = evaluate(bound, **consts, T=args.T, eta=args.eta, beta=args.beta)
+    result = {
+        "bound": bound.name, "metric": bound.metric, "value": ev.value, "terms": ev.terms,
+        "valid": ev.valid, "grad_norm": ev.value ** (1.0 / bound.power), "power": bound.power,
+        "proof": bound.proof, "assumptions": list(bound.assumptions),
+        "constants": dict(consts, T=args.T, eta=args.eta, beta=args.beta, tau=args.delay),
+    }
+
+    def render(r):
+        lines = [f"{r['bound']}: {r['metric']} <= {_fmt(r['value'])}"]
+        lines += [f"  {k:>10} {_fmt(v)}" for k, v in r["terms"].items()]
+        if not r["valid"]:
+            lines.append("  (outside the bound's validity conditions: step size too large)")
+        lines.append(f"  proof: {r['proof']}")
+        return "\n".join(lines)
+
+    emit(result, args.json, render)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from delaylab.theory import tune
+
+    bound = _bound_from(args)
+    consts = _constants(args, bound)
+    r = tune(bound, args.T, consts, beta=args.beta)
+    result = {"bound": bound.name, **r.as_dict(), "grad_norm": r.value ** (1.0 / bound.power), "T": args.T}
+
+    def render(d):
+        c = d["closed_form"]
+        return "\n".join([
+            f"{d['bound']} at T={_fmt(d['T'])} ({d['regime']}): value {_fmt(d['value'])}",
+            f"  eta*  {_fmt(d['eta'])}   (closed form {_fmt(c['eta'])})",
+            f"  beta* {_fmt(d['beta'])}   (closed form {_fmt(c['beta'])})",
+            f"  closed-form value {_fmt(c['value'])} (+{100 * d['rel_gap']:.3g}%)",
+            f"  rate: value ~ T^{_fmt(d['exponent'])} (gradient norm ~ T^{_fmt(d['exponent_norm'])})",
+        ])
+
+    emit(result, args.json, render)
+    return 0
+
+
+def cmd_penalty(args) -> int:
+    from delaylab.theory import delay_penalty
+
+    bound = _bound_from(args)
+    consts = _constants(args, bound)
+    p = delay_penalty(args.T, args.delay, consts, method=args.method, ef=args.ef, nesterov=args.nesterov,
+                      init=args.init, beta=args.beta)
+    result = {"bound": bound.name, "T": args.T, "tau": args.delay, **p.as_dict()}
+    if args.plot:
+        _plot_penalty(args, consts)
+        result["plot"] = args.plot
+
+    def render(d):
+        lines = [f"delay {d['tau']} at T={_fmt(d['T'])}: tuned bound ratio {_fmt(d['ratio'])} "
+                 f"(delayed {_fmt(d['delayed']['value'])} / sync {_fmt(d['sync']['value'])})",
+                 f"  limit as T -> infinity: {_fmt(d['limit'])}"]
+        if d["relative_penalty"] is not None:
+            lines.append(f"  delay term / momentum term: {_fmt(d['relative_penalty'])}")
+        return "\n".join(lines)
+
+    emit(result, args.json, render)
+    return 0
+
+
+def _plot_penalty(args, consts) -> None:
+    import numpy as np
+
+    from delaylab.theory.plots import plot_penalty
+
+    Ts = np.logspace(2, max(np.log10(args.T) + 2, 4), 12)
+    fig = plot_penalty(Ts, args.delay, consts, method=args.method, ef=args.ef, nesterov=args.nesterov,
+                       init=args.init, beta=args.beta)
+    fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+
+
+def cmd_stability(args) -> int:
+    from delaylab.theory import stability as st
+
+    beta = 0.0 if args.method == "gd" and args.beta is None else (0.9 if args.beta is None else args.beta)
+    hmax = st.max_stable(args.method, beta, args.delay, args.ef)
+    sync = st.max_stable(args.method, beta, 0)
+    result = {
+        "method": args.method, "beta": beta, "tau": args.delay, "ef": args.ef,
+        "max_stable": hmax, "sync_max_stable": sync, "shrink": hmax / sync,
+        "closed_form": st.threshold_closed_form(args.method, beta, args.delay, args.ef),
+        "quantity": "eta*lambda" if args.method != "adam" else
+                    "eta*lambda with lambda an eigenvalue of diag(sqrt(v)+eps)^-1 H (v frozen)",
+    }
+    if args.plot:
+        fig = st.plot_stability("ema" if args.method == "adam" else args.method,
+                                betas=[0.0] if args.method == "gd" else None)
+        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        result["plot"] = args.plot
+
+    def render(d):
+        lines = [f"{d['method']} beta={_fmt(d['beta'])} delay={d['tau']}{' +EF' if d['ef'] else ''}: "
+                 f"stable iff {d['quantity']} < {_fmt(d['max_stable'])}",
+                 f"  sync: < {_fmt(d['sync_max_stable'])}; the delay shrinks the stable range "
+                 f"{_fmt(1 / d['shrink'])}x"]
+        if d["method"] in ("adam", "ema"):
+            lines.append("  an LMO method (Muon) has no such threshold: its step norm is eta whatever the "
+                         "gradient; delay adds 2 L eta tau to its bound (Theorem 1)")
+        return "\n".join(lines)
+
+    emit(result, args.json, render)
+    return 0
+
 
 def register(sub) -> None:
-    p = sub.add_parser("theory", help="(not yet available)")
-    p.set_defaults(func=lambda args: p.error("not implemented yet"))
+    p = sub.add_parser("theory", help="convergence bounds, tuning, delay penalty, linear stability",
+                       description="Bounds for momentum-LMO (Muon) and SGDM under a gradient delay; "
+                       "see docs/theory.md for the proofs.")
+    one_line_errors(p)
+    tsub = p.add_subparsers(dest="theory_command", metavar="SUBCOMMAND", required=True)
+
+    b = tsub.add_parser("bound", help="evaluate a bound at given (eta, beta) and constants")
+    _add_bound_flags(b, with_eta=True)
+    add_json_flag(b)
+    b.set_defaults(func=cmd_bound)
+
+    t = tsub.add_parser("tune", help="the (eta, beta) minimising a bound: closed form + numeric check")
+    _add_bound_flags(t, with_eta=False)
+    add_json_flag(t)
+    t.set_defaults(func=cmd_tune)
+
+    q = tsub.add_parser("penalty", help="tuned delayed bound / tuned sync bound")
+    _add_bound_flags(q, with_eta=False)
+    q.add_argument("--plot", metavar="PNG", help="also plot the ratio against T")
+    add_json_flag(q)
+    q.set_defaults(func=cmd_penalty)
+
+    s = tsub.add_parser("stability", help="largest stable eta*lambda on f = lambda x^2/2 under delay")
+    s.add_argument("--method", default="ema", help="gd, heavyball, ema or adam (EMA with frozen preconditioner)")
+    s.add_argument("--delay", "--tau", dest="delay", type=int, default=1, help="gradient delay (default 1)")
+    s.add_argument("--ef", action="store_true", help="with Error Feedback")
+    s.add_argument("--beta", type=float, help="momentum in [0, 1) (default 0.9; 0 for gd)")
+    s.add_argument("--plot", metavar="PNG", help="plot the stable region against beta")
+    add_json_flag(s)
+    s.set_defaults(func=cmd_stability)
+    for sp_ in (b, t, q, s):
+        one_line_errors(sp_)
