@@ -28,18 +28,12 @@ def expected_version(name, P, M, s, n):
     return {"gpipe": b, "1f1b": b, "2bw": b - 1, "pipedream": n - (P - 1 - s)}[name]
 
 
-def applied_groups(name, P, steps, start, s):
-    # Delayed's convention: the last tau gradients are never applied; tau_{P-1} = 0 for
-    # pipedream, so stage s applies steps - (P-1-s) of them.
-    return range(start, steps - (P - 1 - s) if name == "pipedream" else steps)
-
-
 @pytest.mark.parametrize("name,P,M,steps,start", CONFIGS)
 def test_every_microbatch_forwarded_and_backwarded_once_and_updates_in_order(name, P, M, steps, start):
     sched = Schedule(name, P, M, steps, start)
     for s in range(P):
         acts = sched.actions(s)
-        groups = applied_groups(name, P, steps, start, s)
+        groups = range(start, steps)
         f = [a.n for a in acts if a.op == "F"]
         b = [a.n for a in acts if a.op == "B"]
         assert Counter(f) == Counter(range(start * M, steps * M)), (s, f)
@@ -66,7 +60,7 @@ def test_sends_and_receives_of_neighbours_match_one_to_one_in_order(name, P, M, 
             if a.op == "F":
                 assert (a.recv is None) == (s == 0) and (a.send is None) == (s == P - 1)
             if a.op == "B":
-                assert (a.recv is None) == (s == P - 1)
+                assert (a.recv is None) == (s == P - 1) and (a.send is None) == (s == 0)
             if a.op == "U":
                 assert a.recv is None and a.send is None
     for s in range(P - 1):

@@ -44,12 +44,10 @@ first reader of ``V_{b+1}``) may run before that: ``(b+2)M > bM + M - 1 + w_s``,
 Warm-up and cool-down. Each stage keeps ``tau_s + 1`` weight slots; version ``v`` lives in
 slot ``v mod (tau_s + 1)``, and at the start all slots hold ``V_0`` (this is
 ``V_{-j} = V_0``). The flush-free schedules have one warm-up at the start of the run (or of a
-resumed run) and one cool-down at its end. Training ``T`` steps follows the ``Delayed``
-convention, "T updates, the last ``tau`` gradients are never applied": the pipeline
-forwards groups ``0 .. T-1``; stage ``s`` applies ``T - (tau_s - tau_{P-1})`` of them (all
-``T`` for ``gpipe``/``1f1b``/``2bw``; ``T - (P-1-s)`` for ``pipedream``), and backward
-passes whose gradients nobody applies are not computed. So ``T`` is the number of updates of
-the last stage, and the Delayed reference loop runs ``T + tau_{P-1}`` calls.
+resumed run) and one cool-down at its end. ``T`` steps means groups ``0 .. T-1`` on every
+stage and ``T`` updates per stage; the single-process ``Delayed`` run with the same result
+takes ``T + max_s tau_s`` calls, its last gradients never applied (``Delayed``'s convention;
+the pipeline simply never computes them).
 """
 
 from __future__ import annotations
@@ -84,8 +82,8 @@ class Action:
 class Schedule:
     """The action lists of schedule ``name`` for ``stages`` stages and ``microbatches`` per update.
 
-    ``steps``: updates of the last stage (see the module docstring); ``start``: the first
-    group, for a run resumed after update ``start - 1``.
+    ``steps``: updates of every stage (groups ``0 .. steps-1``); ``start``: the first group,
+    for a run resumed after update ``start - 1``.
     """
 
     name: str
@@ -101,11 +99,6 @@ class Schedule:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if not 0 <= self.start < self.steps:
             raise ValueError(f"start must be in [0, steps={self.steps}), got {self.start}")
-        if self.name == "pipedream" and self.steps - self.start <= self.stages - 1:
-            raise ValueError(
-                f"pipedream with {self.stages} stages applies steps - (P-1-s) updates on stage s; "
-                f"run more than {self.stages - 1} steps"
-            )
         object.__setattr__(self, "_lists", tuple(self._build(s) for s in range(self.stages)))
 
     # -- the delay model --------------------------------------------------------------------
@@ -130,17 +123,14 @@ class Schedule:
     def version(self, stage: int, n: int) -> int:
         return self.group(n) - self.delay(stage)
 
-    def end(self, stage: int) -> int:
-        """One past the last group whose gradient ``stage`` applies."""
-        return self.steps - (self.delay(stage) - self.delay(self.stages - 1))
-
-    def updates(self, stage: int) -> range:
-        return range(self.start, self.end(stage))
+    def updates(self) -> range:
+        """The groups every stage forwards, backwards and applies (one update each)."""
+        return range(self.start, self.steps)
 
     @property
     def calls(self) -> int:
-        """``Delayed.step()`` calls of the equivalent single-process run (from ``start``)."""
-        return self.steps - self.start + self.delay(self.stages - 1)
+        """``Delayed.step()`` calls of the single-process run with the same result (from ``start``)."""
+        return self.steps - self.start + max(self.delays())
 
     # -- the action lists ---------------------------------------------------------------------
     def actions(self, stage: int) -> list[Action]:
@@ -157,7 +147,7 @@ class Schedule:
         w = P - 1 - s  # forwards in flight at stage s in 1F1B order
         if self.name in ("gpipe", "1f1b"):
             order: list[tuple[str, int]] = []
-            for b in self.updates(s):
+            for b in self.updates():
                 mbs = self._mbs(b, b + 1)
                 if self.name == "gpipe":
                     order += [("F", n) for n in mbs] + [("B", n) for n in mbs]
@@ -165,11 +155,10 @@ class Schedule:
                     order += _interleave(mbs, mbs, min(w, M))
                 order.append(("U", b))
         else:  # flush-free: one warm-up and one cool-down for the whole run
-            fwd = self._mbs(self.start, self.steps)
-            bwd = self._mbs(self.start, self.end(s))
+            mbs = self._mbs(self.start, self.steps)
             order = []
-            last_of_group = {self.group(n): n for n in bwd}
-            for op, n in _interleave(fwd, bwd, min(w, len(fwd))):
+            last_of_group = {self.group(n): n for n in mbs}
+            for op, n in _interleave(mbs, mbs, min(w, len(mbs))):
                 order.append((op, n))
                 if op == "B" and last_of_group[self.group(n)] == n:
                     order.append(("U", self.group(n)))
@@ -182,9 +171,7 @@ class Schedule:
         v = self.version(s, n)
         if op == "F":
             return Action("F", n, v, recv=s - 1 if s > 0 else None, send=s + 1 if s < P - 1 else None)
-        # The previous stage needs this input gradient only if it applies group(n) itself.
-        send = s - 1 if s > 0 and self.group(n) < self.end(s - 1) else None
-        return Action("B", n, v, recv=s + 1 if s < P - 1 else None, send=send)
+        return Action("B", n, v, recv=s + 1 if s < P - 1 else None, send=s - 1 if s > 0 else None)
 
     # -- printing ---------------------------------------------------------------------------
     def __str__(self) -> str:
@@ -200,12 +187,11 @@ class Schedule:
 def _interleave(fwd: list[int], bwd: list[int], warmup: int) -> list[tuple[str, int]]:
     """1F1B order: ``warmup`` forwards, then one forward and one backward in turn, then the rest."""
     order = [("F", n) for n in fwd[:warmup]]
-    rest_f, rest_b = fwd[warmup:], bwd
-    for i in range(max(len(rest_f), len(rest_b))):
-        if i < len(rest_f):
-            order.append(("F", rest_f[i]))
-        if i < len(rest_b):
-            order.append(("B", rest_b[i]))
+    rest = fwd[warmup:]
+    for i, n in enumerate(bwd):
+        if i < len(rest):
+            order.append(("F", rest[i]))
+        order.append(("B", n))
     return order
 
 

@@ -104,7 +104,12 @@ def simulate(schedule: Schedule | Sequence[Sequence[Action]], costs: Costs) -> T
     return Timeline(events)
 
 
-def predict(name: str, stages: int, microbatches: int, costs: Costs, steps: int = 12, skip: int = 2) -> dict:
-    """Steady-state ``seconds_per_batch``, ``bubble`` and per-stage idle fractions of a schedule."""
-    timeline = simulate(Schedule(name, stages, microbatches, steps), costs)
+def predict(name: str, stages: int, microbatches: int, costs: Costs) -> dict:
+    """Steady-state ``seconds_per_batch``, ``bubble`` and per-stage idle fractions of a schedule.
+
+    Simulates enough updates that ``stages`` of them at either end (warm-up, cool-down) can be
+    left out of the window.
+    """
+    skip = stages
+    timeline = simulate(Schedule(name, stages, microbatches, 2 * skip + 6), costs)
     return {**timeline.steady_state(skip=skip), "makespan": timeline.makespan}

@@ -1,0 +1,423 @@
+"""The multi-process engine: its configuration, the body of one rank, and the launcher.
+
+``train_pipeline(cfg, out)`` spawns ``cfg.stages`` ranks through torch's elastic launcher
+(the API behind ``torchrun``) and returns the last stage's summary. Under ``torchrun`` each
+rank calls :func:`run_rank` itself (``delaylab llm pipeline`` does that when it finds
+torchrun's environment). Backend: NCCL when CUDA is available (one GPU per rank), else gloo.
+
+Failure handling: the process group's timeout is ``cfg.timeout`` (60 s by default, not
+torch's 30 minutes). A rank whose peer dies sees the broken connection at its next
+message, names the first failed rank (``p2p.blame``) on stderr and exits with code 1;
+its neighbours then do the same, so the whole pipeline ends within seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from delaylab.llm.data import load_dataset
+from delaylab.llm.model import GPT, autocast
+from delaylab.llm.pipeline import checkpoint
+from delaylab.llm.pipeline.executor import StageExecutor
+from delaylab.llm.pipeline.p2p import P2P, blame
+from delaylab.llm.pipeline.schedules import Schedule, check_config
+from delaylab.llm.pipeline.stages import Stage
+from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
+from delaylab.llm.train import RESUMABLE_CHANGES, TrainConfig, lr_factor
+
+PIPELINE_FIELDS = ("pipeline", "stages", "microbatches", "timeout")
+
+
+class PipelineFailed(RuntimeError):
+    """A rank of the pipeline failed; the message names it."""
+
+
+@dataclass
+class PipelineConfig(TrainConfig):
+    """A :class:`TrainConfig` run as a pipeline.
+
+    ``batch_size`` is the microbatch size; an update takes ``microbatches`` of them (the
+    trainer's ``grad_accum``), so microbatch ``n`` is the trainer's batch ``n``. ``mode``,
+    ``delay`` and ``grad_accum`` follow from the pipeline schedule (:meth:`resolve`).
+    ``pipeline`` names the pipeline schedule; ``schedule`` stays the trainer's LR schedule.
+    """
+
+    pipeline: str = "2bw"
+    stages: int = 2
+    microbatches: int = 4
+    timeout: float = 60.0  # seconds; a hung message ends the run after this long
+
+    def resolve(self) -> "PipelineConfig":
+        """Fill the trainer fields the schedule determines; returns self."""
+        self.grad_accum = self.microbatches
+        if self.pipeline == "2bw":
+            self.mode, self.delay = "delayed", 1
+        elif self.pipeline == "pipedream":
+            self.mode, self.delay = "delayed", [self.stages - 1 - s for s in range(self.stages)]
+        else:
+            self.mode, self.delay = "sync", 0
+        if self.tie_embeddings is None:
+            self.tie_embeddings = False
+        return self
+
+    def validate(self) -> "PipelineConfig":
+        self.resolve()
+        from delaylab.llm.model import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r} (choose from {', '.join(PRESETS)})")
+        check_config(self.pipeline, self.stages, self.microbatches, PRESETS[self.preset].n_layer)
+        if self.tie_embeddings and self.stages > 1:
+            raise ValueError("a pipeline needs untied embeddings: the tied matrix would need a "
+                             "cross-stage gradient sum at every update (use tie_embeddings=False)")
+        if self.correction not in ("none", "ef"):
+            raise ValueError(f"the pipeline supports correction none or ef, got {self.correction!r}")
+        if self.correction != "none" and self.mode == "sync":
+            raise ValueError(f"correction {self.correction!r} needs a delayed schedule (2bw or pipedream)")
+        if self.sync_start or self.sync_cooldown:
+            raise ValueError("sync_start / sync_cooldown are not supported by the pipeline engine")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        super().validate()
+        return self
+
+    def train_config(self) -> TrainConfig:
+        """The single-process run with the same semantics (same data, init, optimizer, delays)."""
+        d = {k: v for k, v in self.resolve().to_dict().items() if k not in PIPELINE_FIELDS}
+        return TrainConfig.from_dict(d)
+
+
+# ------------------------------------------------------------------------------------------------
+# One rank
+
+
+def _device(cfg: PipelineConfig, local_rank: int) -> torch.device:
+    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if cfg.device not in ("auto", "cuda"):
+        raise ValueError(f"the pipeline places rank r on cuda:r; use device auto, cuda or cpu, not {cfg.device!r}")
+    return torch.device("cuda", local_rank)
+
+
+def _optimizer_factory(cfg: PipelineConfig):
+    from delaylab.optim import Delayed, build_optimizer
+
+    hp = dict(lr=cfg.resolved_lr(), momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def make(module, tau: int):
+        inner = build_optimizer(cfg.optimizer, module, **hp)
+        if cfg.correction == "ef":
+            # The stage's gradients are stale already: EF with the stage's lag, no queue.
+            return Delayed(inner, delay=0, correction="ef", ef_lag=tau)
+        return inner
+
+    return make
+
+
+def run_rank(cfg: PipelineConfig, out: str | os.PathLike, resume: bool = False) -> dict | None:
+    """Run this process's stage (rank = stage, from torchrun's environment variables).
+
+    Returns the summary on the last stage, ``None`` elsewhere. On any failure, prints one line
+    naming the rank that failed first and exits with code 1.
+    """
+    rank = int(os.environ["RANK"])
+    try:
+        return _run_rank(cfg, Path(out), resume, rank)
+    except BaseException as err:  # noqa: BLE001 - every failure ends the process the same way
+        if isinstance(err, KeyboardInterrupt) or not dist.is_initialized():
+            raise
+        who, why = blame(rank, err)
+        lead = f"rank {rank} (stage {rank}) stopped: " + ("it failed" if who == rank else f"rank {who} failed")
+        print(f"delaylab pipeline: {lead}: {why}", file=sys.stderr, flush=True)
+        if os.environ.get("DELAYLAB_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        os._exit(1)  # no atexit hooks: destroying a broken process group can hang
+
+
+def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, rank: int) -> dict | None:
+    cfg.validate()
+    world = int(os.environ["WORLD_SIZE"])
+    if world != cfg.stages:
+        raise ValueError(f"{world} processes for {cfg.stages} stages: start exactly one rank per stage")
+    torch.set_num_threads(cfg.threads or 1)
+    device = _device(cfg, int(os.environ.get("LOCAL_RANK", rank)))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    own_group = not dist.is_initialized()  # run_jobs keeps one group for several runs
+    if own_group:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.timeout),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
+    P, M, last = cfg.stages, cfg.microbatches, rank == cfg.stages - 1
+    ckpt_root = out / "ckpt"
+    start, ckpt = 0, None
+    if resume:
+        step = checkpoint.latest_complete(ckpt_root, P)
+        if step is None:
+            raise FileNotFoundError(f"no complete pipeline checkpoint in {ckpt_root}")
+        ckpt = checkpoint.load_stage(ckpt_root, step, rank)
+        _check_same_run(cfg, ckpt["config"], ckpt_root)
+        start = ckpt["step"]
+    if start >= cfg.steps:
+        raise ValueError(f"the checkpoint is at step {start}: nothing left of {cfg.steps} steps")
+
+    data = load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
+    model_cfg = cfg.model_config(data.vocab_size)
+    block = model_cfg.block_size
+    torch.manual_seed(cfg.seed)  # every rank builds the same full model: the trainer's init
+    stage = Stage(GPT(model_cfg), rank, P).to(device)
+    schedule = Schedule(cfg.pipeline, P, M, cfg.steps, start)
+
+    def batch(n: int):
+        x, y = data.batch(n, cfg.batch_size, block, cfg.seed)
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    tokens_per_update = M * cfg.batch_size * block
+    loop = {"window": [0.0, 0], "train_loss": None, "metrics_bytes": 0, "train_time": 0.0}
+    metrics = None
+    if last:
+        out.mkdir(parents=True, exist_ok=True)
+        if ckpt is not None:
+            loop.update(ckpt["loop"])
+        path = out / "metrics.jsonl"
+        metrics = open(path, "r+b" if ckpt is not None and path.is_file() else "wb")
+        metrics.truncate(loop["metrics_bytes"])  # drop lines logged after the checkpoint
+        metrics.seek(loop["metrics_bytes"])
+    clock = {"t0": 0.0}
+    bar = _progress(cfg, start) if last else None
+
+    def on_update(k: int, loss: float | None) -> None:
+        step = k + 1
+        if last:
+            loop["window"][0] += loss
+            loop["window"][1] += 1
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                rec = {"step": step, "tokens": step * tokens_per_update, "lr": ex.opt.param_groups[0]["lr"],
+                       "train_loss": loop["window"][0] / loop["window"][1],
+                       "time": loop["train_time"] + time.perf_counter() - clock["t0"]}
+                loop["train_loss"], loop["window"] = rec["train_loss"], [0.0, 0]
+                metrics.write((json.dumps(rec) + "\n").encode())
+                metrics.flush()
+                loop["metrics_bytes"] = metrics.tell()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+        if cfg.ckpt_every and (step % cfg.ckpt_every == 0 or step == cfg.steps):
+            state = {"config": cfg.to_dict(), "step": step, "stage": rank, "executor": ex.state_dict(),
+                     "rng": torch.get_rng_state()}
+            if last:
+                loop_now = {**loop, "train_time": loop["train_time"] + time.perf_counter() - clock["t0"]}
+                state["loop"] = loop_now
+            checkpoint.save_stage(ckpt_root, step, rank, state)
+
+    shape = (cfg.batch_size, block, model_cfg.d_model)
+    ex = StageExecutor(
+        stage, schedule, P2P(shape, torch.float32, device),
+        make_optimizer=_optimizer_factory(cfg), lr_lambda=lambda k: lr_factor(k, cfg), batch=batch,
+        amp=lambda: autocast(device), on_update=on_update,
+        seed_for=(lambda n: cfg.seed * 1_000_003 + n * 7919 + rank) if model_cfg.dropout > 0 else None,
+        sync_timing=device.type == "cuda",
+    )
+    if ckpt is not None:
+        ex.load_state_dict(ckpt["executor"])
+        torch.set_rng_state(ckpt["rng"])
+    del ckpt
+
+    dist.barrier()  # every rank connected (and NCCL initialised) before the clock starts
+    clock["t0"] = time.perf_counter()
+    ex.run()
+    train_time = loop["train_time"] + time.perf_counter() - clock["t0"]
+    if bar is not None:
+        bar.close()
+    val = [(x.to(device), y.to(device)) for x, y in data.val_batches(cfg.eval_batches, cfg.batch_size, block)]
+    val_loss = ex.evaluate(val)
+
+    model_dir = out / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    _save(ex.newest.state_dict(), model_dir / f"stage_{rank}.pt")
+    info = {
+        "rank": rank, "events": [e.__dict__ for e in ex.events], "peak_memory_bytes": _peak_memory(device),
+        "max_in_flight": ex.max_in_flight, "slots": len(ex.slots), "cpu_time_s": time.process_time(),
+        "params": sum(p.numel() for p in stage.parameters()),
+    }
+    gathered = [None] * P if last else None
+    dist.gather_object(info, gathered, dst=P - 1)
+    summary = None
+    if last:
+        metrics.close()
+        summary = _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_update, str(device))
+    dist.barrier()  # the merged model exists before any rank returns
+    if own_group:
+        dist.destroy_process_group()
+    return summary
+
+
+def _check_same_run(cfg: PipelineConfig, saved: dict, where: Path) -> None:
+    now = cfg.to_dict()
+    diff = [f"{k}={now.get(k)!r} vs {saved.get(k)!r}" for k in now
+            if k not in RESUMABLE_CHANGES and k != "timeout" and now.get(k) != saved.get(k)]
+    if diff:
+        raise ValueError(f"the checkpoint in {where} is from another config: {'; '.join(diff)}")
+
+
+def _progress(cfg: PipelineConfig, start: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.steps, initial=start, disable=None if cfg.progress is None else not cfg.progress,
+                desc=f"{cfg.pipeline} P={cfg.stages} {cfg.optimizer}", unit="step", dynamic_ncols=True)
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def _save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_update, device) -> dict:
+    """Last stage: merge the model, write timeline, figure and summary."""
+    from delaylab.commands._common import write_json
+
+    P = cfg.stages
+    model_dir = out / "model"
+    merged = {}
+    for s in range(P):
+        merged.update(torch.load(model_dir / f"stage_{s}.pt", map_location="cpu", weights_only=True))
+    _save(merged, out / "model.pt")  # a GPT state dict (untied)
+    for s in range(P):
+        (model_dir / f"stage_{s}.pt").unlink()
+    model_dir.rmdir()
+
+    events = [[Event(**e) for e in g["events"]] for g in sorted(gathered, key=lambda g: g["rank"])]
+    timeline = Timeline(events)
+    write_json(out / "timeline.json", {"stages": P, "events": timeline.to_list()})
+    # The first few batches are enough to see the schedule.
+    head = Timeline([[e for e in evs if (e.n if e.op == "U" else e.n // cfg.microbatches) < start + 6]
+                     for evs in events])
+    fig = plot_timeline(head, title=f"{cfg.pipeline}, P={P}, M={cfg.microbatches} (measured)",
+                        microbatches=cfg.microbatches)
+    fig.savefig(out / "timeline.png", dpi=120)
+
+    steps_run = cfg.steps - start
+    try:
+        steady = timeline.steady_state(skip=1)
+    except ValueError:  # too short a run for a window away from warm-up and cool-down
+        steady = {"seconds_per_batch": train_time / steps_run, "idle_fraction": None, "bubble": None}
+    tokens = cfg.steps * tokens_per_update
+    summary = {
+        "status": "finished", "val_loss": val_loss, "train_loss": loop["train_loss"], "steps": cfg.steps,
+        "tokens": tokens, "tokens_per_s": steps_run * tokens_per_update / max(train_time, 1e-9),
+        "train_time_s": train_time, "optimizer": cfg.optimizer, "mode": cfg.mode, "correction": cfg.correction,
+        "delay": cfg.delay, "schedule": cfg.pipeline, "stages": P, "microbatches": cfg.microbatches,
+        "seconds_per_batch": steady["seconds_per_batch"], "bubble": steady["bubble"],
+        "idle_fraction": steady["idle_fraction"], "lr": cfg.resolved_lr(), "momentum": cfg.momentum,
+        "seed": cfg.seed, "preset": cfg.preset, "params": sum(g["params"] for g in gathered), "device": device,
+        "backend": dist.get_backend(), "resumed_from": start or None,
+        "peak_memory_bytes": [g["peak_memory_bytes"] for g in sorted(gathered, key=lambda g: g["rank"])],
+        "max_in_flight": [g["max_in_flight"] for g in sorted(gathered, key=lambda g: g["rank"])],
+    }
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# The launcher
+
+
+def _entry(cfg_dict: dict, out: str, resume: bool):
+    return run_rank(PipelineConfig.from_dict(cfg_dict), out, resume)
+
+
+def _entry_jobs(jobs: list[tuple[dict, str, bool]]):
+    first = PipelineConfig.from_dict(jobs[0][0]).validate()
+    device = _device(first, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=first.timeout))
+    results = [run_rank(PipelineConfig.from_dict(c), out, resume) for c, out, resume in jobs]
+    dist.destroy_process_group()
+    return results
+
+
+def run_jobs(jobs: list[tuple[PipelineConfig, str | os.PathLike]]) -> list[dict]:
+    """Run several pipeline runs back to back in one set of ranks (one start-up for all).
+
+    Every job needs the same number of stages; returns their summaries in order.
+    """
+    if not jobs:
+        return []
+    stages = {cfg.validate().stages for cfg, _ in jobs}
+    if len(stages) != 1:
+        raise ValueError(f"run_jobs needs one stage count for all jobs, got {sorted(stages)}")
+    for cfg, out in jobs:
+        load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
+        Path(out).mkdir(parents=True, exist_ok=True)
+    P = stages.pop()
+    results = launch(_entry_jobs, P, [(cfg.to_dict(), str(out), False) for cfg, out in jobs])
+    return results[P - 1]
+
+
+def train_pipeline(cfg: PipelineConfig, out: str | os.PathLike, *, resume: bool = False) -> dict:
+    """Spawn one process per stage, run ``cfg`` and return the summary (also in ``out/summary.json``).
+
+    Bad configurations raise ``ValueError`` here, before any process starts; a failed rank
+    raises :class:`PipelineFailed` naming it.
+    """
+    from delaylab.commands._common import write_json
+
+    cfg.validate()
+    out = Path(out)
+    if resume:
+        if checkpoint.latest_complete(out / "ckpt", cfg.stages) is None:
+            raise FileNotFoundError(f"no complete pipeline checkpoint to resume in {out / 'ckpt'}")
+    elif any((out / name).exists() for name in ("config.json", "summary.json", "ckpt")):
+        raise ValueError(f"{out} already holds a run: resume it or choose another output folder")
+    # Tokenize (and cache) the data once here, not in every rank.
+    load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", cfg.to_dict())
+    results = launch(_entry, cfg.stages, cfg.to_dict(), str(out), resume)
+    return results[cfg.stages - 1]
+
+
+def launch(fn, nprocs: int, *args) -> dict:
+    """Run ``fn(*args)`` in ``nprocs`` ranks through torch's elastic launcher; ``{rank: result}``."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it; one thread each
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2,
+        start_method="spawn",
+    )
+    try:
+        return elastic_launch(config, fn)(*args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = failure.exitcode
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        raise PipelineFailed(f"pipeline rank {rank} failed first ({how}); see its message above") from None

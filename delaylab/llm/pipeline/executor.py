@@ -1,0 +1,206 @@
+"""The one interpreter of a stage's action list: weight slots, forward/backward, messages, updates.
+
+All schedules run through :meth:`StageExecutor.run`; they differ only in the action list.
+
+Weight versions (see ``schedules.py``): a stage with delay ``tau`` keeps ``tau + 1`` copies of
+its module ("slots"); version ``v`` lives in slot ``v mod (tau + 1)``. A forward runs on the
+slot its action names, and autograd keeps references to exactly those tensors, so the
+backward uses the stashed version without any ``.data`` swapping, and the gradient
+accumulates into that slot's ``.grad``. Update ``k`` (gradient of group ``k``, taken on
+``V_{k - tau}``, applied to ``V_k``):
+
+1. the target slot ``(k + 1) mod (tau + 1)`` is the one holding ``V_{k - tau}`` and ``g_k``;
+   no microbatch in flight reads it any more (the schedule guarantees it, ``M >= P-1`` for
+   2BW), so its weights are overwritten with ``V_k`` (gradients untouched);
+2. the optimizer is re-targeted to that slot's tensors (``delaylab.optim.retarget`` moves
+   every level's per-parameter state), steps, and the slot now holds ``V_{k+1}``.
+
+So the optimizer state follows the newest weights, and ``V_{k+1} = V_k - u_k(g_k(V_{k-tau}))``
+is computed with the same tensor ops as ``delaylab.optim.Delayed`` in one process.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from delaylab.llm.model import lm_loss
+from delaylab.llm.pipeline.p2p import P2P
+from delaylab.llm.pipeline.schedules import Action, Schedule
+from delaylab.llm.pipeline.stages import Stage
+from delaylab.llm.pipeline.timeline import Event
+from delaylab.llm.train import Diverged
+from delaylab.optim import retarget
+
+
+class StageExecutor:
+    """One stage of a pipeline run.
+
+    ``make_optimizer(module, tau)`` builds the stage's optimizer on a slot; ``lr_lambda(k)``
+    is the LR multiplier of update ``k``; ``batch(n)`` returns microbatch ``n``'s
+    ``(inputs, targets)`` on the device; ``on_update(k, loss)`` is called after update ``k``
+    (``loss``: group ``k``'s mean training loss on the last stage, else ``None``).
+    ``seed_for(n)``, if given, seeds torch's RNG before forward ``n`` (dropout), so the
+    masks depend on the microbatch and stage only and a resumed run draws the same ones.
+    """
+
+    def __init__(
+        self,
+        stage: Stage,
+        schedule: Schedule,
+        p2p: P2P,
+        *,
+        make_optimizer: Callable[[nn.Module, int], torch.optim.Optimizer],
+        lr_lambda: Callable[[int], float],
+        batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+        amp=None,
+        on_update: Callable[[int, float | None], None] | None = None,
+        seed_for: Callable[[int], int] | None = None,
+        sync_timing: bool = False,
+    ):
+        self.stage, self.schedule, self.p2p = stage, schedule, p2p
+        self.index = stage.index
+        self.tau = schedule.delay(self.index)
+        self.slots: list[Stage] = [stage] + [copy.deepcopy(stage) for _ in range(self.tau)]
+        home = self.slots[schedule.start % len(self.slots)]  # holds V_start
+        self.opt = make_optimizer(home, self.tau)
+        names = {id(p): name for name, p in home.named_parameters()}
+        self._order = [names[id(p)] for g in self.opt.param_groups for p in g["params"]]
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda)
+        self.batch, self.amp, self.on_update, self.seed_for = batch, amp, on_update, seed_for
+        self.sync_timing = sync_timing
+        self.events: list[Event] = []
+        self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._loss_sum: dict[int, torch.Tensor] = {}
+        self.max_in_flight = 0
+
+    # -- the interpreter ------------------------------------------------------------------------
+    def run(self) -> None:
+        acts = self.schedule.actions(self.index)
+        pending = self.p2p.post(None, _recv_of(acts[0]))
+        for i, a in enumerate(acts):
+            ready = self._clock()
+            received = self.p2p.wait(pending) if pending is not None else None
+            start = self._clock()
+            out = self._compute(a, received)
+            nxt = acts[i + 1] if i + 1 < len(acts) else None
+            send = (out, a.send, a.op, a.n) if a.send is not None else None
+            pending = self.p2p.post(send, _recv_of(nxt) if nxt is not None else None)
+            self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock()))
+        self.p2p.flush()
+
+    def _compute(self, a: Action, received: torch.Tensor | None) -> torch.Tensor | None:
+        if a.op == "F":
+            return self._forward(a, received)
+        if a.op == "B":
+            return self._backward(a, received)
+        self._update(a.n)
+        return None
+
+    def _forward(self, a: Action, received):
+        slot = self.slots[a.version % len(self.slots)]
+        data = self.batch(a.n) if self.stage.first or self.stage.last else None
+        x = data[0] if self.stage.first else received.requires_grad_(True)
+        if self.seed_for is not None:
+            torch.manual_seed(self.seed_for(a.n))
+        with self._amp():
+            out = slot(x)
+            if self.stage.last:
+                loss = lm_loss(out, data[1])
+        if self.stage.last:
+            k = self.schedule.group(a.n)
+            self._loss_sum[k] = self._loss_sum.get(k, 0.0) + loss.detach()
+            # The same op as the single-process trainer's gradient accumulation: loss / M.
+            self._stash[a.n] = (x, loss / self.schedule.microbatches)
+        else:
+            self._stash[a.n] = (x, out)
+        self.max_in_flight = max(self.max_in_flight, len(self._stash))
+        return None if self.stage.last else out.detach().float()
+
+    def _backward(self, a: Action, received):
+        x, out = self._stash.pop(a.n)
+        if self.stage.last:
+            out.backward()
+        else:
+            out.backward(received.to(out.dtype))
+        return x.grad if a.send is not None else None
+
+    def _update(self, k: int) -> None:
+        loss = None
+        if self.stage.last:
+            loss = float(self._loss_sum.pop(k)) / self.schedule.microbatches
+            if not math.isfinite(loss):  # before stepping: the weights stay good
+                raise Diverged(f"loss is {loss} at update {k}")
+        n = len(self.slots)
+        target = self.slots[(k + 1) % n]  # holds V_{k-tau} and g_k
+        if n > 1:
+            base = self.slots[k % n]  # holds V_k
+            with torch.no_grad():
+                torch._foreach_copy_(list(target.parameters()), list(base.parameters()))
+            params = dict(target.named_parameters())
+            retarget(self.opt, [params[name] for name in self._order])
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.sched.step()
+        if self.on_update is not None:
+            self.on_update(k, loss)
+
+    # -- after training -----------------------------------------------------------------------
+    @property
+    def newest(self) -> Stage:
+        """The slot holding the weights after the last update (``V_steps``)."""
+        return self.slots[self.schedule.steps % len(self.slots)]
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
+        """Mean loss of the newest weights over ``batches`` (returned on the last stage)."""
+        model, s, last = self.newest, self.index, self.stage.last
+        model.eval()
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            h = x if self.stage.first else self.p2p.wait(self.p2p.post(None, (s - 1, "F", -1 - i)))
+            with self._amp():
+                out = model(h)
+                if last:
+                    losses.append(lm_loss(out, y).item())
+            if not last:
+                self.p2p.post((out.float(), s + 1, "F", -1 - i), None)
+        self.p2p.flush()
+        model.train()
+        return sum(losses) / len(losses) if last and losses else None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "slots": [slot.state_dict() for slot in self.slots],
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        if len(sd["slots"]) != len(self.slots):
+            raise ValueError(f"checkpoint has {len(sd['slots'])} weight slots, this stage keeps {len(self.slots)}")
+        for slot, state in zip(self.slots, sd["slots"]):
+            slot.load_state_dict(state)
+        self.opt.load_state_dict(sd["optimizer"])
+        self.sched.load_state_dict(sd["scheduler"])
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _amp(self):
+        import contextlib
+
+        return self.amp() if self.amp is not None else contextlib.nullcontext()
+
+    def _clock(self) -> float:
+        if self.sync_timing:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def _recv_of(a: Action) -> tuple[int, str, int] | None:
+    return (a.recv, a.op, a.n) if a.recv is not None else None
