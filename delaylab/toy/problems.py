@@ -14,8 +14,9 @@ l2, l1 over entries, and nuclear):
   point x and a unit direction v with ``||H(x) v||_* = L`` (the sup is then reached as y -> x).
 * ``delta()``: ``f(x0) - inf f``. Every problem here has ``inf f = 0``, reached, so this is exact.
 * ``sigma``: the stochastic oracle's Euclidean noise level, ``E||g - grad f(x)||_2^2 <= sigma^2``.
-  For the Gaussian oracles it is an equality; the finite-sum problems have real minibatch noise,
-  set by the batch size, with sigma an upper bound valid at every x.
+  For the Gaussian oracles it is an equality; ``cauchy-regression`` (and ``matrix-sensing``
+  with ``batch=B``) has real minibatch noise, set by the batch size, with sigma an upper
+  bound valid at every x.
 * ``rho(norm)``: the smallest rho with ``||v||_* <= rho ||v||_2`` on this shape.
 
 The derivation of each constant is in the class docstring and in docs/toy.md; the tests in
@@ -35,27 +36,9 @@ from typing import Callable
 
 import torch
 
+from delaylab.theory.assumptions import rho as norm_ratio
+
 DTYPE = torch.float64
-NORMS = ("spectral", "sign", "l2")
-"""LMO norm names, as in :func:`delaylab.optim.lmo.lmo`."""
-
-
-def rho(norm: str, shape: tuple[int, ...]) -> float:
-    """Smallest rho with ``||v||_* <= rho ||v||_2`` for tensors of ``shape`` (tight).
-
-    l2 is self-dual (rho = 1); l1 over D entries has rho = sqrt(D) (Cauchy-Schwarz, tight at
-    a constant-magnitude vector); nuclear on m x n has rho = sqrt(min(m, n)) (Cauchy-Schwarz on
-    the singular values, tight at a partial isometry).
-    """
-    if norm == "l2":
-        return 1.0
-    if norm == "sign":
-        return math.sqrt(math.prod(shape))
-    if norm == "spectral":
-        if len(shape) != 2:
-            raise ValueError(f"the spectral norm needs a matrix variable, got shape {shape}")
-        return math.sqrt(min(shape))
-    raise ValueError(f"unknown norm {norm!r}; expected one of {', '.join(NORMS)}")
 
 
 # phi(z) = log(1 + z^2), the "Cauchy" loss used by three of the problems. Its derivatives:
@@ -96,11 +79,20 @@ class Problem:
     def grad(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def sample_grad(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Unbiased gradient with isotropic Gaussian noise, ``E||xi||_2^2 = sigma^2`` exactly."""
-        g = self.grad(x)
+    def value_and_grad(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(value(x), grad(x))``; problems override it where the two share work."""
+        return self.value(x), self.grad(x)
+
+    def sample_grad(
+        self, x: torch.Tensor, generator: torch.Generator, grad: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Unbiased gradient with isotropic Gaussian noise, ``E||xi||_2^2 = sigma^2`` exactly.
+
+        ``grad``, if given, is ``grad(x)`` already computed; it is not modified.
+        """
+        g = self.grad(x) if grad is None else grad
         if self.sigma == 0:
-            return g
+            return g.clone()
         scale = self.sigma / math.sqrt(math.prod(self.shape))
         return g + scale * torch.randn(g.shape, generator=generator, dtype=g.dtype)
 
@@ -129,8 +121,9 @@ class Problem:
         raise NotImplementedError
 
     def rho(self, norm: str) -> float:
+        """``||v||_* <= rho ||v||_2``: 1 (l2), sqrt(D) (sign), sqrt(min(m, n)) (spectral); tight."""
         self.check_norm(norm)
-        return rho(norm, self.shape)
+        return norm_ratio(self.shape, norm)
 
     def delta(self) -> float:
         return float(self.value(self.x0.unsqueeze(0))[0]) - self.f_star
@@ -301,21 +294,27 @@ class LogDet(Problem):
         self.sigma = float(sigma)
         g = torch.randn(self.shape, generator=_generator(instance_seed), dtype=DTYPE)
         self.x0 = start * g / math.sqrt(m)
+        self._eye = torch.eye(min(m, n), dtype=DTYPE)
 
-    def _gram(self, w):
-        # I + W^T W on the smaller side keeps the solve at r x r.
-        if self.shape[0] >= self.shape[1]:
-            return torch.eye(self.shape[1], dtype=w.dtype) + w.mT @ w
-        return torch.eye(self.shape[0], dtype=w.dtype) + w @ w.mT
+    def _cholesky(self, w):
+        # I + W^T W (or I + W W^T) on the smaller side keeps the factorisation at r x r;
+        # it is >= I, so Cholesky is always well conditioned.
+        tall = self.shape[0] >= self.shape[1]
+        gram = self._eye + (w.mT @ w if tall else w @ w.mT)
+        return torch.linalg.cholesky(gram), tall
+
+    def value_and_grad(self, w):
+        chol, tall = self._cholesky(w)
+        value = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(dim=-1)
+        # 2 W (I + W^T W)^{-1} = 2 ((I + W^T W)^{-1} W^T)^T, and likewise for wide W.
+        grad = 2.0 * (torch.cholesky_solve(w.mT, chol).mT if tall else torch.cholesky_solve(w, chol))
+        return value, grad
 
     def value(self, w):
-        return torch.logdet(self._gram(w))
+        return self.value_and_grad(w)[0]
 
     def grad(self, w):
-        if self.shape[0] >= self.shape[1]:
-            # 2 W (I + W^T W)^{-1}; the Gram matrix is symmetric, so solve from the right.
-            return 2.0 * torch.linalg.solve(self._gram(w), w.mT).mT
-        return 2.0 * torch.linalg.solve(self._gram(w), w)
+        return self.value_and_grad(w)[1]
 
     def smoothness(self, norm):
         self.check_norm(norm)
@@ -336,28 +335,42 @@ class LogDet(Problem):
 class _FiniteSumCauchy(Problem):
     r"""``f(x) = (1/N) sum_j log(1 + (<a_j, x> - y_j)^2)`` with planted ``y_j = <a_j, x*>``.
 
-    Shared by the vector and the matrix regression (``a_j`` has the variable's shape). The
-    Hessian is ``(1/N) sum_j phi''(r_j) a_j a_j^T`` with ``phi'' in [-1/4, 2]``, and every
-    residual r_j is 0 at x*, where it equals ``(2/N) A^T A`` (A: the N x D data matrix).
+    Shared by the vector and the matrix regression (``a_j`` has the variable's shape; the
+    planted x* is scaled to ``||x*||_2 = distance`` and the start is x0 = 0, so the residuals
+    at x0 are N(0, distance^2) for Gaussian data). The Hessian is
+    ``(1/N) sum_j phi''(r_j) a_j a_j^T`` with ``phi'' in [-1/4, 2]``, and every residual r_j
+    is 0 at x*, where it equals ``(2/N) A^T A`` (A: the N x D data matrix). ``inf f = 0`` at x*.
 
-    Real minibatch noise: the oracle averages B per-sample gradients ``phi'(r_j) a_j``, drawn
-    with replacement, so ``E||g - grad f||^2 = Var_j / B <= E_j ||phi'(r_j) a_j||^2 / B
-    <= (1/(N B)) sum_j ||a_j||^2`` because ``|phi'| <= 1``: that is ``sigma^2``, at every x.
+    Two oracles. ``batch=B``: real minibatch noise, the mean of B per-sample gradients
+    ``phi'(r_j) a_j`` drawn with replacement, so ``E||g - grad f||^2 = Var_j / B <=
+    E_j ||phi'(r_j) a_j||^2 / B <= (1/(N B)) sum_j ||a_j||^2`` because ``|phi'| <= 1``: that is
+    ``sigma^2``, an upper bound at every x (the noise vanishes at x*, where every per-sample
+    gradient is 0). ``batch=None``: the full gradient plus isotropic Gaussian noise of level
+    ``sigma`` (exact), as for the other problems.
+
+    Why the scale matters: phi saturates, so a far start (large ``distance``) puts the run on a
+    long plateau of small, slowly changing gradients, where a T-grid of a few hundred to a few
+    thousand steps is pre-asymptotic and the measured rate is flatter than T^(-1/4).
     """
 
     norms = ("sign", "l2")
 
-    def _setup(self, data: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor, batch: int):
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+    def _setup(self, data, x_star, distance: float, batch: int | None, sigma: float):
+        if batch is not None and batch < 1:
+            raise ValueError(f"batch must be >= 1 (or None for Gaussian noise), got {batch}")
+        if not distance > 0:
+            raise ValueError(f"distance must be > 0, got {distance}")
         self.data = data  # (N, *shape)
         self.flat = data.reshape(data.shape[0], -1)  # (N, D)
-        self.x_star = x_star
-        self.targets = self.flat @ x_star.reshape(-1)
-        self.x0 = x0
-        self.batch = int(batch)
+        self.x_star = x_star * (distance / float(x_star.norm()))
+        self.targets = self.flat @ self.x_star.reshape(-1)
+        self.x0 = torch.zeros(self.shape, dtype=DTYPE)
+        self.batch = None if batch is None else int(batch)
         self.samples = int(data.shape[0])
-        self.sigma = math.sqrt(float((self.flat**2).sum()) / (self.samples * self.batch))
+        if batch is None:
+            self.sigma = float(sigma)
+        else:
+            self.sigma = math.sqrt(float((self.flat**2).sum()) / (self.samples * self.batch))
         self.gram_max = float(torch.linalg.eigvalsh(self.flat.T @ self.flat / self.samples)[-1])
 
     def _residuals(self, x):
@@ -370,16 +383,20 @@ class _FiniteSumCauchy(Problem):
         weights = _dphi(self._residuals(x)) / self.samples  # (S, N)
         return (weights @ self.flat).reshape(x.shape)
 
-    def sample_grad(self, x, generator):
+    def value_and_grad(self, x):
+        r = self._residuals(x)
+        return _phi(r).mean(dim=-1), ((_dphi(r) / self.samples) @ self.flat).reshape(x.shape)
+
+    def sample_grad(self, x, generator, grad=None):
+        """Minibatch mean of per-sample gradients (``batch=B``), or grad + Gaussian noise."""
+        if self.batch is None:
+            return super().sample_grad(x, generator, grad)
         s = x.shape[0]
         idx = torch.randint(self.samples, (s, self.batch), generator=generator)
         rows = self.flat[idx]  # (S, B, D)
         r = torch.einsum("sbd,sd->sb", rows, x.reshape(s, -1)) - self.targets[idx]
         g = torch.einsum("sb,sbd->sd", _dphi(r), rows) / self.batch
         return g.reshape(x.shape)
-
-    def smoothness_exact(self, norm):
-        return True
 
     def _l2_smoothness(self):
         return PHI_CURVATURE * self.gram_max
@@ -392,7 +409,7 @@ class _FiniteSumCauchy(Problem):
 class CauchyRegression(_FiniteSumCauchy):
     r"""Robust (Cauchy-loss) linear regression, a finite sum with real minibatch noise (P5).
 
-    ``a_j ~ N(0, I_d)``, planted ``x* ~ N(0, I_d)``, start x0 = 0; ``inf f = 0`` at x*.
+    ``a_j ~ N(0, I_d)``, planted x* Gaussian scaled to ``||x*|| = distance``, start x0 = 0.
     * l2: ``|v^T H v| <= 2 v^T (A^T A / N) v``, so L = 2 lambda_max(A^T A)/N, attained at x*
       along the top eigenvector.
     * sign: for ``||v||_inf <= 1``, ``||H v||_1 = max_s s^T H v <= (2/N) ||A s|| ||A v||``
@@ -405,14 +422,22 @@ class CauchyRegression(_FiniteSumCauchy):
     name = "cauchy-regression"
     summary = "finite-sum robust regression (1/N) sum_j log(1+(a_j^T x - y_j)^2), minibatch noise; exact L"
 
-    def __init__(self, d: int = 12, samples: int = 256, batch: int = 8, instance_seed: int = 0):
+    def __init__(
+        self,
+        d: int = 12,
+        samples: int = 256,
+        batch: int | None = 8,
+        sigma: float = 1.0,
+        distance: float = 1.5,
+        instance_seed: int = 0,
+    ):
         if not 1 <= d <= 20:
             raise ValueError(f"cauchy-regression needs 1 <= d <= 20 (brute-force l_inf constant), got {d}")
         self.shape = (d,)
         gen = _generator(instance_seed)
         data = torch.randn(samples, d, generator=gen, dtype=DTYPE)
         x_star = torch.randn(d, generator=gen, dtype=DTYPE)
-        self._setup(data, x_star, torch.zeros(d, dtype=DTYPE), batch)
+        self._setup(data, x_star, distance, batch, sigma)
         self._best_signs = self._max_sign_pattern()
 
     def _max_sign_pattern(self) -> torch.Tensor:
@@ -438,11 +463,12 @@ class CauchyRegression(_FiniteSumCauchy):
 
 
 class MatrixSensing(_FiniteSumCauchy):
-    r"""Robust matrix sensing ``f(X) = (1/N) sum_j log(1 + (<A_j, X> - y_j)^2)``, X in R^{m x n}.
+    r"""Robust low-rank matrix sensing ``f(X) = (1/N) sum_j log(1 + (<A_j, X> - y_j)^2)``.
 
-    ``A_j`` standard Gaussian, planted low-rank ``X* = U V^T`` (rank ``rank``, Gaussian
-    factors scaled to unit-order entries), start X0 = 0; ``inf f = 0`` at X*. Real minibatch
-    noise (class ``_FiniteSumCauchy``). With K := A^T A / N (D x D, D = mn) and r = min(m, n):
+    X in R^{m x n}, ``A_j`` standard Gaussian, planted ``X* = U V^T`` of rank ``rank``
+    (Gaussian factors) scaled to ``||X*||_F = distance``, start X0 = 0. The default oracle is
+    the full gradient plus Gaussian noise of level ``sigma``; ``batch=B`` gives minibatch noise
+    instead (class ``_FiniteSumCauchy``). With K := A^T A / N (D x D, D = mn), r = min(m, n):
     * l2: L = 2 lambda_max(K), exact, attained at X* (as in ``cauchy-regression``).
     * spectral (op -> nuclear): ``||H V||_nuc <= sqrt(r) ||H V||_F <= sqrt(r) L_2 ||V||_F
       <= r L_2 ||V||_op``, so L <= 2 r lambda_max(K). An upper bound: at X* with V
@@ -454,7 +480,7 @@ class MatrixSensing(_FiniteSumCauchy):
     """
 
     name = "matrix-sensing"
-    summary = "finite-sum robust low-rank matrix sensing, minibatch noise; L exact in l2, bounded in spectral/sign"
+    summary = "robust low-rank matrix sensing (Cauchy loss); L exact in l2, bounded in spectral/sign"
     norms = ("spectral", "sign", "l2")
 
     def __init__(
@@ -463,7 +489,9 @@ class MatrixSensing(_FiniteSumCauchy):
         n: int = 6,
         rank: int = 2,
         samples: int = 512,
-        batch: int = 8,
+        batch: int | None = None,
+        sigma: float = 0.5,
+        distance: float = 1.5,
         instance_seed: int = 0,
     ):
         if not 1 <= rank <= min(m, n):
@@ -473,8 +501,7 @@ class MatrixSensing(_FiniteSumCauchy):
         data = torch.randn(samples, m, n, generator=gen, dtype=DTYPE)
         u = torch.randn(m, rank, generator=gen, dtype=DTYPE)
         v = torch.randn(n, rank, generator=gen, dtype=DTYPE)
-        x_star = u @ v.T / math.sqrt(rank)
-        self._setup(data, x_star, torch.zeros(self.shape, dtype=DTYPE), batch)
+        self._setup(data, u @ v.T, distance, batch, sigma)
 
     def smoothness(self, norm):
         self.check_norm(norm)

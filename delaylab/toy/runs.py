@@ -137,6 +137,7 @@ def run(
     correction: str = "none",
     norms: Sequence[str] | None = None,
     dc_lambda: float | None = None,
+    directions: bool | None = None,
 ) -> Trajectory:
     """Run ``method`` for ``steps`` updates on ``seeds`` independent copies of ``problem``.
 
@@ -146,7 +147,9 @@ def run(
     (the original PipeDream's stage-dependent delay). For the LMO methods a split changes
     the geometry to the product of the blocks' balls, except for the sign (l_inf) LMO.
     ``correction`` is Delayed's (``"none"``, ``"ef"``, ``"dc-asgd"``). ``norms`` are the
-    dual norms recorded (default: the method's own). Raises ValueError on bad input.
+    dual norms recorded (default: the method's own). ``directions`` records the drift of the
+    inner LMO directions (default: for EF runs, whose bound needs it). Raises ValueError on
+    bad input.
     """
     m = get_method(method)
     delays = [int(delay)] if isinstance(delay, int) else [int(d) for d in delay]
@@ -164,29 +167,24 @@ def run(
     value = torch.empty(steps, seeds, dtype=x0.dtype)
     # Directions D_t of the inner LMO, read back from the iterates (single block only): plain
     # and delayed x_{t+1} = x_t + lr D_t; EF with lag l: x_{t+1} = x_t + lr ((l+1) D_t - l D_{t-1}).
-    track_directions = m.norm is not None and blocks == 1
+    if directions is None:
+        directions = correction == "ef"
+    track = bool(directions) and m.norm is not None and blocks == 1
     lag = delays[0] if correction == "ef" else 0
-    change = torch.empty(steps, seeds, dtype=x0.dtype) if track_directions else None
+    change = torch.empty(steps, seeds, dtype=x0.dtype) if track else None
     prev_x, prev_d = None, torch.zeros_like(x0)
 
     # history[l][j] is block l after (recorded + j) of its own updates; blocks with shorter
-    # delays run ahead, so x_t is assembled once every block has made t updates.
+    # delays run ahead, so x_t is assembled once every block has made t updates. With one
+    # block the newest iterate is always the current weights, whose true gradient the
+    # oracle reuses (``current``).
     history = [deque([p.detach().clone()]) for p in params]
-    recorded = 0
-    final = None
+    recorded, final, current = 0, None, None
 
-    def assemble() -> torch.Tensor:
-        return history[0][0] if blocks == 1 else torch.cat([h[0] for h in history], dim=1)
-
-    while True:
-        while all(history_l for history_l in history):
-            x = assemble()
-            if recorded < steps:
-                g = problem.grad(x)
-                for n in norms:
-                    grad_norm[n][recorded] = dual_norm(g, n, batch_dims=1)
-                value[recorded] = problem.value(x)
-            if track_directions and prev_x is not None:
+    while final is None:
+        while all(history):
+            x = history[0][0] if blocks == 1 else torch.cat([h[0] for h in history], dim=1)
+            if track and prev_x is not None:
                 d = ((x - prev_x) / lr + lag * prev_d) / (lag + 1)
                 change[recorded - 1] = primal_norm(d - prev_d, m.norm, batch_dims=1)
                 prev_d = d
@@ -196,12 +194,18 @@ def run(
             if recorded == steps:
                 final = problem.value(x)
                 break
+            f, g = problem.value_and_grad(x)
+            if blocks == 1:
+                current = g
+            for n in norms:
+                grad_norm[n][recorded] = dual_norm(g, n, batch_dims=1)
+            value[recorded] = f
             recorded += 1
         if final is not None:
             break
         before = opt.group_updates
         x = params[0] if blocks == 1 else torch.cat(params, dim=1)
-        g = problem.sample_grad(x, gen)
+        g = problem.sample_grad(x, gen, grad=current)
         parts = [g] if blocks == 1 else [b.contiguous() for b in torch.tensor_split(g, blocks, dim=1)]
         for p, gp in zip(params, parts):
             p.grad = gp
@@ -209,6 +213,7 @@ def run(
         for p, h, b, a in zip(params, history, before, opt.group_updates):
             if a > b:
                 h.append(p.detach().clone())
+                current = None
             p.grad = None
 
     config = dict(

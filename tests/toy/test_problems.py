@@ -188,7 +188,7 @@ def test_rho_is_the_tight_dual_to_euclidean_ratio(problem):
         assert got == pytest.approx(problem.rho(norm))
 
 
-@pytest.mark.parametrize("problem", [p for p in ALL if not hasattr(p, "batch")], ids=lambda p: p.name)
+@pytest.mark.parametrize("problem", [p for p in ALL if getattr(p, "batch", None) is None], ids=lambda p: p.name)
 def test_gaussian_oracle_is_unbiased_with_exact_sigma(problem):
     s = 4000
     x = problem.initial_point(s)
@@ -200,7 +200,9 @@ def test_gaussian_oracle_is_unbiased_with_exact_sigma(problem):
     assert float(mean_err) < 4 * problem.sigma / math.sqrt(s)
 
 
-@pytest.mark.parametrize("problem", [p for p in ALL if hasattr(p, "batch")], ids=lambda p: f"{p.name}{list(p.shape)}")
+@pytest.mark.parametrize(
+    "problem", [p for p in ALL if getattr(p, "batch", None) is not None], ids=lambda p: f"{p.name}{list(p.shape)}"
+)
 def test_minibatch_oracle_variance_is_below_sigma(problem):
     """Exact minibatch variance (1/B)(mean_j ||g_j||^2 - ||grad||^2) <= sigma^2, and Monte Carlo agrees."""
     s = 4000
@@ -237,3 +239,5 @@ def test_bad_arguments_raise_value_error():
         CauchyRegression(d=30)
     with pytest.raises(ValueError, match="batch"):
         CauchyRegression(batch=0)
+    with pytest.raises(ValueError, match="distance"):
+        MatrixSensing(distance=0.0)

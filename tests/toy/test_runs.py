@@ -89,7 +89,7 @@ def test_runner_measures_the_hand_written_delayed_sequence(problem, method, step
     delay = taus[0] if len(taus) == 1 else taus
     torch_lr = sgdm_lr(lr, beta) if method == "sgdm" else lr
     traj = run(problem, method, lr=torch_lr, beta=beta, steps=steps, seeds=seeds, seed=5, delay=delay,
-               correction="ef" if ef else "none")
+               correction="ef" if ef else "none", directions=True)
     flat = xs[:steps].reshape(steps * seeds, *problem.shape)
     g = problem.grad(flat).reshape(steps, seeds, -1)
     if norm == "spectral":
@@ -134,7 +134,7 @@ def test_gradient_points_and_drift_helpers():
 def test_lmo_steps_have_norm_exactly_lr():
     """x_{t+1} - x_t = lr LMO(m_t): the step norm is lr, which is what the bounds rest on."""
     p = LogDet(m=6, n=4)
-    traj = run(p, "lmo-spectral", lr=0.03, beta=0.9, steps=40, seeds=2, delay=1)
+    traj = run(p, "lmo-spectral", lr=0.03, beta=0.9, steps=40, seeds=2, delay=1, directions=True)
     # direction_change records ||D_t - D_{t-1}|| with D_{-1} = 0, so its first entry is ||D_0||.
     assert float(traj.direction_change[0].sub(1).abs().max()) < 1e-12
 
