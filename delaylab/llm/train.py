@@ -384,6 +384,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: boo
     bar = tqdm(total=cfg.steps, initial=trainer.updates, disable=None if cfg.progress is None else not cfg.progress,
                desc=f"{cfg.optimizer} {cfg.mode}", unit="step", dynamic_ncols=True)
     end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
+    loop_start, eval_time = time.perf_counter(), 0.0
     try:
         while trainer.updates < end:
             t0 = time.perf_counter()
@@ -407,7 +408,9 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: boo
                 state["train_loss"] = rec["train_loss"]
                 state["window"] = [0.0, 0]
                 if k % cfg.eval_every == 0 or final:
+                    t_eval = time.perf_counter()
                     state["val_loss"] = rec["val_loss"] = trainer.evaluate()
+                    eval_time += time.perf_counter() - t_eval
                     if not math.isfinite(rec["val_loss"]):
                         raise diverged(f"validation loss is {rec['val_loss']} at update {k}")
                 log(rec)
@@ -422,12 +425,15 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: boo
         bar.close()
         if metrics is not None:
             metrics.close()
+    # Wall time of this session's loop minus validation: every bit of the trainer's own work
+    # (logging, checkpoints, the progress bar) counts, unlike in train_time_s.
+    loop_time = time.perf_counter() - loop_start - eval_time
     tokens = trainer.calls * trainer.tokens_per_call
     summary = {
         "status": "finished" if trainer.updates >= cfg.steps else "stopped",
         "val_loss": state["val_loss"], "train_loss": state["train_loss"], "steps": trainer.updates,
         "calls": trainer.calls, "tokens": tokens, "tokens_per_s": tokens / max(state["train_time"], 1e-9),
-        "train_time_s": state["train_time"], "optimizer": cfg.optimizer, "mode": cfg.mode,
+        "train_time_s": state["train_time"], "loop_time_s": loop_time, "optimizer": cfg.optimizer, "mode": cfg.mode,
         "correction": cfg.correction, "delay": cfg.delay if cfg.mode == "delayed" else 0,
         "lr": cfg.resolved_lr(), "momentum": cfg.momentum, "seed": cfg.seed, "preset": cfg.preset,
         "params": trainer.model.num_params(), "device": str(trainer.device),

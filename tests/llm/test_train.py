@@ -156,3 +156,47 @@ def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
 def test_bad_configs_are_value_errors(quick, bad, match):
     with pytest.raises(ValueError, match=match):
         quick(**bad).validate()
+
+
+def test_gradient_accumulation_averages_the_microbatch_gradients(quick, corpus):
+    lr = 0.1
+    cfg = quick(optimizer="sgd", lr=lr, momentum=0.0, schedule="constant", warmup=0, grad_accum=2, steps=1)
+    trainer = Trainer(cfg, corpus)
+    model = GPT(trainer.model_cfg)
+    model.load_state_dict(trainer.model.state_dict())
+    trainer.step()
+    grads = []
+    for j in range(2):  # call 0 reads microbatches 0 and 1
+        model.zero_grad()
+        x, y = corpus.batch(j, cfg.batch_size, 32, cfg.seed)
+        model(x, y)[1].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, p, g0, g1 in zip(trainer.model.parameters(), model.parameters(), *grads):
+        torch.testing.assert_close(a, p - lr * (g0 + g1) / 2, rtol=1e-5, atol=1e-7)
+    assert trainer.tokens_per_call == 2 * 4 * 32
+
+
+def test_sync_start_and_cooldown_reach_the_optimizer(quick, corpus):
+    def final_val(**kw):
+        return train(quick(steps=6, **kw), dataset=corpus)["val_loss"]
+
+    sync, delayed = final_val(), final_val(mode="delayed")
+    assert sync != delayed
+    assert final_val(mode="delayed", sync_start=6) == sync  # every update undelayed
+    assert final_val(mode="delayed", sync_cooldown=6) == sync
+    partial = final_val(mode="delayed", sync_start=3)
+    assert partial not in (sync, delayed)
+    s = train(quick(mode="delayed", delay=2, steps=6, sync_start=3), dataset=corpus)
+    assert s["calls"] == 8  # 3 sync updates, a fill of 2 calls, 3 delayed updates
+
+
+@pytest.mark.parametrize("name", ["lion", "soap", "adan", "mars"])
+def test_third_party_optimizers_train_delayed_with_ef(quick, corpus, name):
+    pytest.importorskip("pytorch_optimizer")
+    cfg = quick(optimizer=name, mode="delayed", correction="ef", steps=3)
+    trainer = Trainer(cfg, corpus)
+    before = weights(trainer)
+    while trainer.updates < 3:
+        trainer.step()
+    assert trainer.calls == 4
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
