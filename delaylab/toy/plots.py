@@ -1,0 +1,111 @@
+"""Figures for the toy checks (matplotlib, no pyplot state: every function takes ``ax=None``).
+
+Each ``plot_*`` draws on ``ax`` (or a fresh figure) and returns the figure; :func:`save`
+writes a PNG. Inputs are the dicts of :mod:`delaylab.toy.rates`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+
+def _axes(ax, size=(5.0, 3.6)):
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=size, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _label(result: dict) -> str:
+    delay = result["delay"]
+    mode = "sync" if delay == 0 else f"tau={delay}"
+    if result["correction"] != "none":
+        mode += f" {result['correction'].upper()}"
+    return f"{result['method']} {mode}"
+
+
+def plot_rate(result: dict, ax=None, color=None, label: str | None = None):
+    """Measured mean (with its interval) and the bound against T, on log-log axes."""
+    fig, ax = _axes(ax)
+    pts = result["points"]
+    ts = [p["T"] for p in pts]
+    mean = [p["measured"] for p in pts]
+    err = [[m - p["ci"][0] for m, p in zip(mean, pts)], [p["ci"][1] - m for m, p in zip(mean, pts)]]
+    label = label or _label(result)
+    line = ax.errorbar(ts, mean, yerr=err, marker="o", ms=4, capsize=2, color=color,
+                       label=f"{label}: slope {result['slope']:.2f}")
+    if result["points"][0]["bound"] is not None:
+        ax.plot(ts, [p["bound"] for p in pts], ls="--", color=line[0].get_color(), alpha=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("T (updates)")
+    ax.set_ylabel(r"mean$_{t<T}\ \|\nabla f(x_t)\|_*$")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def plot_rates(results: list[dict], ax=None, title: str | None = None):
+    """Several rate checks on one axis: solid = measured (with interval), dashed = bound."""
+    fig, ax = _axes(ax)
+    for r in results:
+        plot_rate(r, ax=ax)
+    ax.set_title(title or f"{results[0]['problem']}: measured (solid) vs bound (dashed)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_gap(rows: list[dict], key: str, ax, xlabel: str, logx: bool):
+    fig, ax = _axes(ax)
+    xs = [r[key] for r in rows]
+    rel = [100 * r["relative_gap"] for r in rows]
+    err = [[100 * (r["gap"] - r["gap_ci"][0]) / r["sync"] for r in rows],
+           [100 * (r["gap_ci"][1] - r["gap"]) / r["sync"] for r in rows]]
+    ax.errorbar(xs, rel, yerr=err, marker="o", ms=4, capsize=2, label="measured (delayed - sync) / sync")
+    if rows[0].get("predicted_relative_gap") is not None:
+        ax.plot(xs, [100 * r["predicted_relative_gap"] for r in rows], ls="--", marker="s", ms=3,
+                label="bound: delay term / sync bound")
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("relative gap (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_gap_vs_eta(cost: dict, ax=None):
+    """Relative delay gap against eta at fixed beta: measured and the bound's prediction."""
+    fig = _plot_gap(cost["eta_sweep"], "eta", ax, r"$\eta$", True)
+    beta = cost["eta_sweep"][0]["beta"]
+    fig.axes[-1].set_title(f"{cost['problem']} {cost['method']}, tau={cost['delay']}, beta={beta:g}, "
+                           f"T={cost['T']}", fontsize=9)
+    return fig
+
+
+def plot_gap_vs_beta(cost: dict, ax=None):
+    """Relative delay gap against 1 - beta (log axis), eta tuned per beta or fixed."""
+    rows = [dict(r, one_minus_beta=1 - r["beta"]) for r in cost["beta_sweep"]]
+    fig = _plot_gap(rows, "one_minus_beta", ax, r"$1-\beta$", True)
+    fig.axes[-1].set_title(f"{cost['problem']} {cost['method']}, tau={cost['delay']}, eta "
+                           f"{cost['beta_sweep_eta']} per beta, T={cost['T']}", fontsize=9)
+    return fig
+
+
+def plot_rates_grid(results: list[dict], ncols: int = 3):
+    """One panel per problem (the README figure): every rate check of that problem."""
+    problems = list(dict.fromkeys(r["problem"] for r in results))
+    nrows = -(-len(problems) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.3 * nrows), layout="constrained")
+    for i, name in enumerate(problems):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        plot_rates([r for r in results if r["problem"] == name], ax=ax, title=name)
+    return fig
+
+
+def save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
