@@ -141,7 +141,7 @@ def _plot_penalty(args, consts) -> None:
 
     from delaylab.theory.plots import plot_penalty
 
-    Ts = np.logspace(2, max(np.log10(args.T) + 2, 4), 12)
+    Ts = np.logspace(2, max(np.log10(args.T) + 2, 4), 8)
     fig = plot_penalty(Ts, args.delay, consts, method=args.method, ef=args.ef, nesterov=args.nesterov,
                        init=args.init, beta=args.beta)
     fig.savefig(args.plot, dpi=120, bbox_inches="tight")

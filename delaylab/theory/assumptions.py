@@ -154,6 +154,8 @@ def estimate_smoothness(grad: Callable, points: Sequence, norm: str = "l2", n_ra
         u = [rng.normal(size=b.shape) for b in _blocks(pts[i])]
         scale = radius / primal_norm(u, norm)
         y = [b + scale * v for b, v in zip(_blocks(pts[i]), u)]
+        if not isinstance(pts[i], (list, tuple)):
+            y = y[0]  # hand grad the same kind of point it was given
         ratios.append(dual_norm(_sub(grad(y), grads[i]), norm) / radius)
     if not ratios:
         raise ValueError("all sampled pairs coincide")

@@ -12,9 +12,12 @@ from delaylab.theory.tuning import delay_penalty, tune
 
 
 def _axes(ax, size=(6, 4)):
+    import sys
+
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "matplotlib.pyplot" not in sys.modules:  # a script or the CLI: no display needed
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -40,7 +43,7 @@ def plot_bounds_vs_T(constants: dict, Ts, tau: int = 1, delta_bar: float | None 
         ef = get_bound("lmo", tau, ef=True, nesterov=nesterov)
         vals = [float(evaluate(ef, **constants, T=T, eta=r.eta, beta=r.beta, delta_bar=delta_bar).value)
                 for T, r in zip(Ts, tuned)]
-        ax.loglog(Ts, vals, label=f"delay {tau} + EF (delta_bar={delta_bar:g})", color="C2", ls="--")
+        ax.loglog(Ts, vals, label=f"delay {tau} + EF (delta_bar={delta_bar:.2f})", color="C2", ls="--")
     ax.set_xlabel("T (updates)")
     ax.set_ylabel("bound on mean E||grad f||_*")
     ax.set_title("tuned momentum-LMO bounds")

@@ -188,9 +188,12 @@ def stability_table(method: str, betas, taus, ef: bool = False) -> np.ndarray:
 
 def plot_stability(method: str = "ema", betas=None, taus=(0, 1, 2), ax=None):
     """Largest stable eta*lambda against beta, per delay, with and without EF (log scale)."""
+    import sys
+
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "matplotlib.pyplot" not in sys.modules:  # a script or the CLI: no display needed
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     betas = np.linspace(0.0, 0.98, 50) if betas is None else np.asarray(betas)
