@@ -103,8 +103,9 @@ class Bound:
     @property
     def symbols(self) -> tuple[str, ...]:
         """Names of the constants the bound needs, in a fixed order."""
-        free = set().union(*(sp.sympify(e).free_symbols for _, e in self.terms))
-        free |= set().union(*(sp.sympify(c).free_symbols for c in self.conditions)) if self.conditions else set()
+        free = set()
+        for e in [e for _, e in self.terms] + list(self.conditions):
+            free |= sp.sympify(e).free_symbols
         return tuple(s.name for s in S.ALL if s in free)
 
     @property

@@ -29,8 +29,10 @@ REF_SK = ("Stich & Karimireddy 2020, The Error-Feedback Framework: Better Rates 
           "Delayed Gradients and Compressed Communication, JMLR, arXiv:1909.05350")
 REF_ARJ = ("Arjevani, Shamir & Srebro 2020, A Tight Convergence Analysis for SGD with Delayed "
            "Updates, ALT, arXiv:1806.10188")
-REF_GL = "Ghadimi & Lan 2013, Stochastic First- and Zeroth-Order Methods for Nonconvex Stochastic Programming, SIAM J. Optim."
-REF_2BW = "Narayanan et al. 2021, Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML, arXiv:2006.09503"
+REF_GL = ("Ghadimi & Lan 2013, Stochastic First- and Zeroth-Order Methods for Nonconvex Stochastic "
+          "Programming, SIAM J. Optim.")
+REF_2BW = ("Narayanan et al. 2021, Memory-Efficient Pipeline-Parallel DNN Training (PipeDream-2BW), ICML, "
+           "arXiv:2006.09503")
 
 INITS = ("zero", "first")
 POINTS = ("virtual", "real")

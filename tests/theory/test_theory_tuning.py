@@ -43,6 +43,10 @@ def test_leading_order_closed_forms_match_the_hand_derivation():
         assert sp.simplify(ce - D ** sp.Rational(3, 4) * L ** sp.Rational(-1, 4) / sp.sqrt(ss)) == 0
         assert sp.simplify(ca - 2 * sp.sqrt(L * D) / ss) == 0
         assert closed_form(bound).exponent == sp.Rational(-1, 4)
+    # the exponent as a plain sympy limit of log(B*)/log(T), on the sync bound's closed form
+    sigma_pos = sp.Symbol("sigma", positive=True)
+    value = closed_form(lmo_bound(0)).value.subs(S.sigma, sigma_pos)
+    assert sp.limit(sp.log(value) / sp.log(T), T, sp.oo) == sp.Rational(-1, 4)
     lo = leading_order(sgdm_bound(1))
     assert lo["value"][1] == sp.Rational(-1, 2)
     assert sp.simplify(lo["value"][0] - 2 * sp.sqrt(2 * L * D * S.sigma**2)) == 0
