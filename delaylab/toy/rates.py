@@ -87,23 +87,22 @@ class Setting:
         if self.method.name == "adam":
             norm = "sign"  # tuned as sign descent
         problem.check_norm(norm)
-        self.tune_norm = norm
         self.constants = dict(problem.constants(norm), tau=self.tau, **(overrides or {}))
         self.measure_norm = self.method.measure_norm
         self.bound, self.tune_bound = self._bounds()
 
     def _bounds(self):
-        m, ef = self.method, self.correction == "ef"
-        if m.name == "adam":
-            return None, lmo_bound(self.tau)
-        if m.name == "sgdm":
-            b = None if ef or self.correction == "dc-asgd" else sgdm_bound(self.tau)
-            return b, sgdm_bound(self.tau)
-        if self.correction == "dc-asgd" or (self.blocks > 1 and m.norm != "sign"):
-            return None, lmo_bound(self.tau)
-        if ef and self.blocks > 1:
-            return None, lmo_bound(self.tau)
-        return (lmo_bound(self.tau, ef=True, point="real") if ef else lmo_bound(self.tau)), lmo_bound(self.tau)
+        """(the bound to check, the bound to tune with); the first is None where none applies."""
+        m, corr = self.method, self.correction
+        tune_bound = sgdm_bound(self.tau) if m.name == "sgdm" else lmo_bound(self.tau)
+        if m.name == "adam" or corr == "dc-asgd":
+            return None, tune_bound
+        if self.blocks > 1 and (m.norm != "sign" or corr == "ef"):
+            # blocks turn the l2/spectral ball into a product of balls; no blockwise EF bound
+            return None, tune_bound
+        if corr == "ef":
+            return (None if m.name == "sgdm" else lmo_bound(self.tau, ef=True, point="real")), tune_bound
+        return tune_bound, tune_bound
 
     def tuned(self, steps: int, beta: float | None = None):
         return tune(self.tune_bound, steps, self.constants, beta=beta)
