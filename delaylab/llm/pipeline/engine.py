@@ -36,6 +36,7 @@ from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
 from delaylab.llm.train import RESUMABLE_CHANGES, TrainConfig, lr_factor
 
 PIPELINE_FIELDS = ("pipeline", "stages", "microbatches", "timeout")
+FAILURE = "failure.json"  # written by the rank that reported the first failure
 
 
 class PipelineFailed(RuntimeError):
@@ -124,21 +125,29 @@ def _optimizer_factory(cfg: PipelineConfig):
     return make
 
 
-def run_rank(cfg: PipelineConfig, out: str | os.PathLike, resume: bool = False) -> dict | None:
+def run_rank(cfg: PipelineConfig, out: str | os.PathLike, resume: bool = False,
+             stop_at: int | None = None) -> dict | None:
     """Run this process's stage (rank = stage, from torchrun's environment variables).
 
-    Returns the summary on the last stage, ``None`` elsewhere. On any failure, prints one line
-    naming the rank that failed first and exits with code 1.
+    ``resume``: continue from the newest complete checkpoint in ``out/ckpt``. ``stop_at=K``:
+    end after update ``K`` with a checkpoint, as an interrupted run would (the LR schedule
+    still spans ``cfg.steps``). Returns the summary on the last stage, ``None`` elsewhere. On
+    any failure, prints one line naming the rank that failed first and exits with code 1.
     """
     rank = int(os.environ["RANK"])
     try:
-        return _run_rank(cfg, Path(out), resume, rank)
+        return _run_rank(cfg, Path(out), resume, stop_at, rank)
     except BaseException as err:  # noqa: BLE001 - every failure ends the process the same way
         if isinstance(err, KeyboardInterrupt) or not dist.is_initialized():
             raise
-        who, why = blame(rank, err)
+        who, why, ours = blame(rank, err)
         lead = f"rank {rank} (stage {rank}) stopped: " + ("it failed" if who == rank else f"rank {who} failed")
-        print(f"delaylab pipeline: {lead}: {why}", file=sys.stderr, flush=True)
+        print(f"delaylab pipeline: {lead} ({why})", file=sys.stderr, flush=True)
+        if ours:  # the launcher repeats the first failure in its own one-line error
+            try:
+                (Path(out) / FAILURE).write_text(json.dumps({"rank": who, "reason": why}) + "\n")
+            except OSError:
+                pass
         if os.environ.get("DELAYLAB_DEBUG"):
             import traceback
 
@@ -146,7 +155,7 @@ def run_rank(cfg: PipelineConfig, out: str | os.PathLike, resume: bool = False) 
         os._exit(1)  # no atexit hooks: destroying a broken process group can hang
 
 
-def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, rank: int) -> dict | None:
+def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None, rank: int) -> dict | None:
     cfg.validate()
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.stages:
@@ -171,15 +180,20 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, rank: int) -> dict |
         ckpt = checkpoint.load_stage(ckpt_root, step, rank)
         _check_same_run(cfg, ckpt["config"], ckpt_root)
         start = ckpt["step"]
-    if start >= cfg.steps:
-        raise ValueError(f"the checkpoint is at step {start}: nothing left of {cfg.steps} steps")
+    end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
+    if start >= end:
+        raise ValueError(f"the checkpoint is at step {start}: nothing left to run (up to step {end})")
+    if last and not resume:
+        from delaylab.commands._common import write_json
+
+        write_json(out / "config.json", cfg.to_dict())  # after init: every rank checked the folder
 
     data = load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
     model_cfg = cfg.model_config(data.vocab_size)
     block = model_cfg.block_size
     torch.manual_seed(cfg.seed)  # every rank builds the same full model: the trainer's init
     stage = Stage(GPT(model_cfg), rank, P).to(device)
-    schedule = Schedule(cfg.pipeline, P, M, cfg.steps, start)
+    schedule = Schedule(cfg.pipeline, P, M, end, start)
 
     def batch(n: int):
         x, y = data.batch(n, cfg.batch_size, block, cfg.seed)
@@ -204,7 +218,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, rank: int) -> dict |
         if last:
             loop["window"][0] += loss
             loop["window"][1] += 1
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            if step % cfg.log_every == 0 or step == end:
                 rec = {"step": step, "tokens": step * tokens_per_update, "lr": ex.opt.param_groups[0]["lr"],
                        "train_loss": loop["window"][0] / loop["window"][1],
                        "time": loop["train_time"] + time.perf_counter() - clock["t0"]}
@@ -215,7 +229,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, rank: int) -> dict |
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.3f}")
-        if cfg.ckpt_every and (step % cfg.ckpt_every == 0 or step == cfg.steps):
+        if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
             state = {"config": cfg.to_dict(), "step": step, "stage": rank, "executor": ex.state_dict(),
                      "rng": torch.get_rng_state()}
             if last:
@@ -258,7 +272,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, rank: int) -> dict |
     summary = None
     if last:
         metrics.close()
-        summary = _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_update, str(device))
+        summary = _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_per_update, str(device))
     dist.barrier()  # the merged model exists before any rank returns
     if own_group:
         dist.destroy_process_group()
@@ -294,7 +308,7 @@ def _save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_update, device) -> dict:
+def _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_per_update, device) -> dict:
     """Last stage: merge the model, write timeline, figure and summary."""
     from delaylab.commands._common import write_json
 
@@ -318,14 +332,15 @@ def _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_up
                         microbatches=cfg.microbatches)
     fig.savefig(out / "timeline.png", dpi=120)
 
-    steps_run = cfg.steps - start
+    steps_run = end - start
     try:
         steady = timeline.steady_state(skip=1)
     except ValueError:  # too short a run for a window away from warm-up and cool-down
         steady = {"seconds_per_batch": train_time / steps_run, "idle_fraction": None, "bubble": None}
-    tokens = cfg.steps * tokens_per_update
+    tokens = end * tokens_per_update
     summary = {
-        "status": "finished", "val_loss": val_loss, "train_loss": loop["train_loss"], "steps": cfg.steps,
+        "status": "finished" if end == cfg.steps else "stopped",
+        "val_loss": val_loss, "train_loss": loop["train_loss"], "steps": end,
         "tokens": tokens, "tokens_per_s": steps_run * tokens_per_update / max(train_time, 1e-9),
         "train_time_s": train_time, "optimizer": cfg.optimizer, "mode": cfg.mode, "correction": cfg.correction,
         "delay": cfg.delay, "schedule": cfg.pipeline, "stages": P, "microbatches": cfg.microbatches,
@@ -336,7 +351,8 @@ def _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_up
         "peak_memory_bytes": [g["peak_memory_bytes"] for g in sorted(gathered, key=lambda g: g["rank"])],
         "max_in_flight": [g["max_in_flight"] for g in sorted(gathered, key=lambda g: g["rank"])],
     }
-    write_json(out / "summary.json", summary)
+    if summary["status"] == "finished":
+        write_json(out / "summary.json", summary)
     return summary
 
 
@@ -344,8 +360,8 @@ def _finish(cfg, out, gathered, start, train_time, val_loss, loop, tokens_per_up
 # The launcher
 
 
-def _entry(cfg_dict: dict, out: str, resume: bool):
-    return run_rank(PipelineConfig.from_dict(cfg_dict), out, resume)
+def _entry(cfg_dict: dict, out: str, resume: bool, stop_at: int | None):
+    return run_rank(PipelineConfig.from_dict(cfg_dict), out, resume, stop_at)
 
 
 def _entry_jobs(jobs: list[tuple[dict, str, bool]]):
@@ -370,6 +386,7 @@ def run_jobs(jobs: list[tuple[PipelineConfig, str | os.PathLike]]) -> list[dict]
     if len(stages) != 1:
         raise ValueError(f"run_jobs needs one stage count for all jobs, got {sorted(stages)}")
     for cfg, out in jobs:
+        check_folder(cfg, out, resume=False)
         load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
         Path(out).mkdir(parents=True, exist_ok=True)
     P = stages.pop()
@@ -377,26 +394,43 @@ def run_jobs(jobs: list[tuple[PipelineConfig, str | os.PathLike]]) -> list[dict]
     return results[P - 1]
 
 
-def train_pipeline(cfg: PipelineConfig, out: str | os.PathLike, *, resume: bool = False) -> dict:
+def check_folder(cfg: PipelineConfig, out: str | os.PathLike, resume: bool) -> None:
+    """Raise (one line) unless ``out`` can take a new run, or holds a resumable run of ``cfg``."""
+    out = Path(out)
+    if not resume:
+        if any((out / name).exists() for name in ("config.json", "summary.json", "ckpt")):
+            raise ValueError(f"{out} already holds a run: resume it or choose another output folder")
+        return
+    if checkpoint.latest_complete(out / "ckpt", cfg.stages) is None:
+        raise FileNotFoundError(f"no complete pipeline checkpoint to resume in {out / 'ckpt'}")
+    saved = out / "config.json"
+    if saved.is_file():
+        _check_same_run(cfg, json.loads(saved.read_text()), out)
+
+
+def train_pipeline(cfg: PipelineConfig, out: str | os.PathLike, *, resume: bool = False,
+                   stop_at: int | None = None) -> dict:
     """Spawn one process per stage, run ``cfg`` and return the summary (also in ``out/summary.json``).
 
     Bad configurations raise ``ValueError`` here, before any process starts; a failed rank
-    raises :class:`PipelineFailed` naming it.
+    raises :class:`PipelineFailed` naming it. ``resume`` and ``stop_at``: see :func:`run_rank`.
     """
-    from delaylab.commands._common import write_json
-
     cfg.validate()
-    out = Path(out)
-    if resume:
-        if checkpoint.latest_complete(out / "ckpt", cfg.stages) is None:
-            raise FileNotFoundError(f"no complete pipeline checkpoint to resume in {out / 'ckpt'}")
-    elif any((out / name).exists() for name in ("config.json", "summary.json", "ckpt")):
-        raise ValueError(f"{out} already holds a run: resume it or choose another output folder")
+    if stop_at is not None and stop_at < 1:
+        raise ValueError(f"stop_at must be >= 1, got {stop_at}")
+    check_folder(cfg, out, resume)
     # Tokenize (and cache) the data once here, not in every rank.
     load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", cfg.to_dict())
-    results = launch(_entry, cfg.stages, cfg.to_dict(), str(out), resume)
+    (out / FAILURE).unlink(missing_ok=True)
+    try:
+        results = launch(_entry, cfg.stages, cfg.to_dict(), str(out), resume, stop_at)
+    except PipelineFailed as err:
+        if (out / FAILURE).is_file():
+            first = json.loads((out / FAILURE).read_text())
+            raise PipelineFailed(f"pipeline stopped: rank {first['rank']} failed ({first['reason']})") from None
+        raise err from None
     return results[cfg.stages - 1]
 
 
@@ -407,8 +441,12 @@ def launch(fn, nprocs: int, *args) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # The ranks report failures themselves (one line each); the agent's tracebacks add nothing.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it; one thread each
+    # A rank that fails leaves with os._exit; multiprocessing's tracker then warns about a
+    # semaphore it cleans up anyway.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2,
@@ -420,4 +458,4 @@ def launch(fn, nprocs: int, *args) -> dict:
         rank, failure = err.get_first_failure()
         code = failure.exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        raise PipelineFailed(f"pipeline rank {rank} failed first ({how}); see its message above") from None
+        raise PipelineFailed(f"pipeline stopped: rank {rank} ended first ({how})") from None

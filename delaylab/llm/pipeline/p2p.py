@@ -14,6 +14,7 @@ pairing. Two rules from torch's own ``Schedule1F1B`` keep NCCL from deadlocking:
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,9 +30,15 @@ class PeerFailure(RuntimeError):
     """A message to or from ``peer`` failed (the peer died, or the process group timed out)."""
 
     def __init__(self, peer: int, what: str, cause: BaseException):
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        super().__init__(f"{what} with rank {peer} failed: {first}")
+        super().__init__(f"{what} failed: {_short(cause)}")
         self.peer = peer
+
+
+def _short(err: BaseException) -> str:
+    """The first line of an error, without gloo's source location and advice."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.sub(r"^\[[^\]]*\] ", "", text)  # "[.../pair.cc:537] Read error ..."
+    return text.split(". This is typically")[0]
 
 
 @dataclass
@@ -73,9 +80,9 @@ class P2P:
         pending = None
         if send is not None:
             work = works[-1] if coalesced else works[0]
-            self._sends.append((work, tensor, dst, "sending the " + _name(kind, n)))
+            self._sends.append((work, tensor, dst, f"sending the {_name(kind, n)} to rank {dst}"))
         if recv is not None:
-            pending = Pending(buf, works[-1], src, "receiving the " + _name(rkind, rn))
+            pending = Pending(buf, works[-1], src, f"receiving the {_name(rkind, rn)} from rank {src}")
         while len(self._sends) > self.max_outstanding:
             self._finish(self._sends.popleft())
         return pending
@@ -102,8 +109,8 @@ def _wait(work, peer: int, what: str) -> None:
         raise PeerFailure(peer, what, err) from err
 
 
-def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int, str]:
-    """The first failure of the run as ``(rank, reason)``, recording ours if it is the first.
+def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int, str, bool]:
+    """The first failure of the run as ``(rank, reason, ours)``, recording ours if it is the first.
 
     A rank that loses a neighbour blames the neighbour; a rank whose own code failed blames
     itself. The first claim in the process group's store wins, so a rank two hops away from
@@ -111,15 +118,15 @@ def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int, s
     a reachable store (it lived in a dead rank) the rank blames what it saw itself.
     """
     if isinstance(err, PeerFailure):
-        mine = (err.peer, f"lost contact ({err})")
+        mine = (err.peer, f"seen by rank {rank}: {err}")
     else:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        mine = (rank, f"{type(err).__name__}: {first}".rstrip(": "))
+        mine = (rank, f"{type(err).__name__}: {_short(err)}")
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(timedelta(seconds=timeout_s))
-        won = store.compare_set(_FAILED_KEY, "", f"{mine[0]}|{mine[1]}").decode()
+        claim = f"{mine[0]}|{mine[1]}"
+        won = store.compare_set(_FAILED_KEY, "", claim).decode()
         who, _, why = won.partition("|")
-        return int(who), why
+        return int(who), why, won == claim
     except Exception:
-        return mine
+        return (*mine, True)
