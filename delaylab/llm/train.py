@@ -242,8 +242,10 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with autocast(self.device):
                 _, loss = self.model(x, y)
-            (loss / cfg.grad_accum).backward()
-            total += loss.item() / cfg.grad_accum
+            loss = loss / cfg.grad_accum
+            loss.backward()
+            total = total + loss.detach()
+        total = float(total)  # one device sync per call, for the NaN check and the log
         if not math.isfinite(total):
             raise Diverged(f"loss is {total} at update {self.updates} (call {self.calls})")
         self.opt.step()
