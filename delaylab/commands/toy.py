@@ -411,7 +411,8 @@ def _render_cost(r: dict) -> str:
     lines = [f"delay cost: {r['problem']}, {r['method']}, tau={r['delay']}, T={r['T']}, {r['seeds']} seeds "
              f"(paired), in the {r['norm']} dual norm"]
     for key, title in (("eta_sweep", "eta sweep (fixed beta)"),
-                       ("beta_sweep", f"beta sweep (eta {r['beta_sweep_eta']} per beta)")):
+                       ("beta_sweep", "beta sweep (eta " + ("tuned per beta)" if r["beta_sweep_eta"] == "tuned"
+                                                          else "fixed)"))):
         lines.append(title)
         lines.append(f"  {'eta':>9} {'beta':>6} {'sync':>9} {'gap':>10} {'gap/sync':>9} {'bound: gap':>10} "
                      f"{'delay/sync bd':>13} {'delay/mom':>9}")

@@ -34,8 +34,10 @@ def plot_rate(result: dict, ax=None, color=None, label: str | None = None):
     mean = [p["measured"] for p in pts]
     err = [[m - p["ci"][0] for m, p in zip(mean, pts)], [p["ci"][1] - m for m, p in zip(mean, pts)]]
     label = label or _label(result)
+    ratio = max((p["ratio"] for p in pts if p["ratio"] is not None), default=None)
+    tail = "" if ratio is None else f", ratio <= {ratio:.2f}"
     line = ax.errorbar(ts, mean, yerr=err, marker="o", ms=4, capsize=2, color=color,
-                       label=f"{label}: slope {result['slope']:.2f}")
+                       label=f"{label}: slope {result['slope']:.2f}{tail}")
     if result["points"][0]["bound"] is not None:
         ax.plot(ts, [p["bound"] for p in pts], ls="--", color=line[0].get_color(), alpha=0.8)
     ax.set_xscale("log")
@@ -88,19 +90,24 @@ def plot_gap_vs_beta(cost: dict, ax=None):
     """Relative delay gap against 1 - beta (log axis), eta tuned per beta or fixed."""
     rows = [dict(r, one_minus_beta=1 - r["beta"]) for r in cost["beta_sweep"]]
     fig = _plot_gap(rows, "one_minus_beta", ax, r"$1-\beta$", True)
-    fig.axes[-1].set_title(f"{cost['problem']} {cost['method']}, tau={cost['delay']}, eta "
-                           f"{cost['beta_sweep_eta']} per beta, T={cost['T']}", fontsize=9)
+    how = "tuned per beta" if cost["beta_sweep_eta"] == "tuned" else "fixed"
+    fig.axes[-1].set_title(f"{cost['problem']} {cost['method']}, tau={cost['delay']}, eta {how}, T={cost['T']}",
+                           fontsize=9)
     return fig
 
 
 def plot_rates_grid(results: list[dict], ncols: int = 3):
-    """One panel per problem (the README figure): every rate check of that problem."""
+    """The README figure: one panel per problem with its first method's runs (the suite
+    lists the natural LMO first: spectral for matrices, sign for vectors) in every mode."""
     problems = list(dict.fromkeys(r["problem"] for r in results))
     nrows = -(-len(problems) // ncols)
     fig = Figure(figsize=(4.2 * ncols, 3.3 * nrows), layout="constrained")
     for i, name in enumerate(problems):
         ax = fig.add_subplot(nrows, ncols, i + 1)
-        plot_rates([r for r in results if r["problem"] == name], ax=ax, title=name)
+        mine = [r for r in results if r["problem"] == name]
+        chosen = [r for r in mine if r["method"] == mine[0]["method"]]
+        plot_rates(chosen, ax=ax, title=f"{name}, {mine[0]['method']}: measured (solid), bound (dashed)")
+        ax.legend(fontsize=7, loc="lower left")
     return fig
 
 

@@ -139,3 +139,13 @@ def test_bad_input_raises_value_error():
         compare(p, ["lmo-sign"], modes=("sync", "bogus"))
     with pytest.raises(ValueError, match="delay"):
         delay_cost(p, "lmo-sign", delay=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem,method,delay,correction", SUITE, ids=["-".join(map(str, s)) for s in SUITE])
+def test_rate_suite_holds_on_the_full_grid(problem, method, delay, correction):
+    """The documented run (docs/toy_results.md): T up to 6400, 16 seeds (about 4 min in all)."""
+    from delaylab.toy.rates import DEFAULT_TS
+
+    r = rate_check(make_problem(problem), method, steps=DEFAULT_TS, delay=delay, correction=correction, seeds=16)
+    assert r["holds"] is True
