@@ -201,12 +201,15 @@ def suite_markdown(r: dict, command: str) -> str:
     ts = r["T"]
     head = ["problem", "method", "mode"] + [f"ratio T={t}" for t in ts] + ["slope", "bound slope", "holds"]
     lines = [
+        "### Toy rate suite: measured / bound",
+        "",
         f"Measured `(1/T) sum_t E||grad f(x_t)||_*` over {r['seeds']} seeds divided by the bound of "
         "`delaylab.theory` at the theory-tuned (eta, beta) for each T (EF: at the gradient points, "
         "with the measured delta_bar); slope = least-squares log-log slope of the measured averages "
         f"(bound exponent -1/4, pass if <= -1/4 + {r['tolerance']:g}).",
         "",
-        f"Made by `{command}` in {r['seconds']:.0f} s.",
+        f"Made by `{command}` in {r['seconds']:.0f} s"
+        + (f" (figure: `{r['figures'][0]}`)." if r.get("figures") else "."),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 
 def _axes(ax, size=(5.0, 3.6)):
@@ -70,6 +71,8 @@ def _plot_gap(rows: list[dict], key: str, ax, xlabel: str, logx: bool):
                 label="bound: delay term / sync bound")
     if logx:
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # label the swept values instead
+        ax.set_xticks(xs, [f"{x:.2g}" for x in xs], fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("relative gap (%)")
     ax.grid(True, alpha=0.3)
