@@ -16,7 +16,9 @@ from delaylab.commands._common import (
 )
 
 SCHEDULE_HELP = ("2bw (PipeDream-2BW: no flush, one-step delay), 1f1b or gpipe (flush every batch), "
-                 "pipedream (weight stashing, delay P-1-s on stage s)")
+                 "pipedream (weight stashing, delay P-1-s on stage s), torch-1f1b or torch-gpipe "
+                 "(torch.distributed.pipelining's runtime on the same stages, the baseline)")
+SCHEDULE_CHOICES = ["2bw", "1f1b", "gpipe", "pipedream", "torch-1f1b", "torch-gpipe"]
 
 
 def _under_torchrun() -> bool:
@@ -56,9 +58,10 @@ def _show_schedule(cfg) -> int:
     from delaylab.llm.pipeline.schedules import Schedule
     from delaylab.llm.pipeline.simulator import Costs, predict
 
-    print(Schedule(cfg.pipeline, cfg.stages, cfg.microbatches, cfg.steps))
+    name = cfg.pipeline.removeprefix("torch-")  # torch's runtime, the same order of actions
+    print(Schedule(name, cfg.stages, cfg.microbatches, cfg.steps))
     costs = Costs.make(cfg.stages, 1.0, 2.0)
-    pred = predict(cfg.pipeline, cfg.stages, cfg.microbatches, costs)
+    pred = predict(name, cfg.stages, cfg.microbatches, costs)
     print(f"simulated with forward 1, backward 2 per microbatch and stage, free sends: "
           f"{pred['seconds_per_batch']:g} per batch, bubble {pred['bubble']:.1%}")
     return 0
@@ -109,7 +112,7 @@ def register(llm_sub) -> None:
     )
     g = p.add_argument_group("pipeline")
     g.add_argument("--stages", type=positive_int, help="pipeline stages = processes (default 2)")
-    g.add_argument("--schedule", dest="pipeline", choices=["2bw", "1f1b", "gpipe", "pipedream"],
+    g.add_argument("--schedule", dest="pipeline", choices=SCHEDULE_CHOICES,
                    metavar="NAME", help=SCHEDULE_HELP + " (default 2bw)")
     g.add_argument("--microbatches", type=positive_int,
                    help="microbatches per update, M (default max(4, P-1); 1 for pipedream; 2bw needs M >= P-1)")

@@ -26,6 +26,8 @@ def jobs_for(P):
     if P == 2:  # the synchronous schedules need no more depth to be told apart from 2bw
         jobs["gpipe-muon"] = small(pipeline="gpipe", stages=P, microbatches=3, optimizer="muon")
         jobs["1f1b-adamw"] = small(pipeline="1f1b", stages=P, microbatches=3, optimizer="adamw")
+        # torch.distributed.pipelining's runtime on the same stages, data and optimizer.
+        jobs["torch-1f1b-adamw"] = small(pipeline="torch-1f1b", stages=P, microbatches=3, optimizer="adamw")
     return jobs
 
 
@@ -61,9 +63,9 @@ def test_pipedream_equals_per_stage_delays_bitwise(pipeline_runs):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("pipeline_runs", [2], indirect=True, ids=["P2"])
-@pytest.mark.parametrize("name", ["gpipe-muon", "1f1b-adamw"])
+@pytest.mark.parametrize("name", ["gpipe-muon", "1f1b-adamw", "torch-1f1b-adamw"])
 def test_sync_schedules_equal_sync_simulator_bitwise(pipeline_runs, name):
     got = _check(pipeline_runs, name)
     # The check tells the semantics apart: the delayed run of the same config differs.
-    delayed = reference_model(small(pipeline="2bw", stages=2, microbatches=3, optimizer=name.split("-")[1]))
+    delayed = reference_model(small(pipeline="2bw", stages=2, microbatches=3, optimizer=name.split("-")[-1]))
     assert max_abs_diff(got, delayed) > 1e-4

@@ -99,3 +99,12 @@ def test_timeline_round_trips_and_plots(tmp_path):
     fig = plot_timeline(tl, title="2bw")
     fig.savefig(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_costs_measured_from_a_timeline_recover_the_simulated_ones():
+    f, b, u, c = [1.0, 1.5], [2.0, 2.5], [0.25, 0.5], 0.125
+    tl = simulate(Schedule("1f1b", 2, 4, 5), Costs.make(2, f, b, u, send=c))
+    got = Costs.measured(tl)
+    assert got == Costs.make(2, f, b, u, send=c)
+    # Replaying the measured costs predicts the same run.
+    assert simulate(Schedule("1f1b", 2, 4, 5), got).events == tl.events

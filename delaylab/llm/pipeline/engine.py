@@ -28,7 +28,7 @@ import torch.distributed as dist
 from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT, autocast
 from delaylab.llm.pipeline import checkpoint
-from delaylab.llm.pipeline.executor import StageExecutor
+from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
 from delaylab.llm.pipeline.p2p import P2P, blame
 from delaylab.llm.pipeline.schedules import Schedule, check_config
 from delaylab.llm.pipeline.stages import Stage
@@ -36,6 +36,8 @@ from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
 from delaylab.llm.train import RESUMABLE_CHANGES, TrainConfig, lr_factor
 
 PIPELINE_FIELDS = ("pipeline", "stages", "microbatches", "timeout")
+# torch.distributed.pipelining's own synchronous schedules on the same stages: the baseline.
+TORCH_SCHEDULES = {"torch-1f1b": "1f1b", "torch-gpipe": "gpipe"}
 FAILURE = "failure.json"  # written by the rank that reported the first failure
 
 
@@ -61,7 +63,9 @@ class PipelineConfig(TrainConfig):
     def resolve(self) -> "PipelineConfig":
         """Fill the trainer fields the schedule determines; returns self."""
         self.grad_accum = self.microbatches
-        if self.pipeline == "2bw":
+        if self.pipeline in TORCH_SCHEDULES:
+            self.mode, self.delay = "sync", 0
+        elif self.pipeline == "2bw":
             self.mode, self.delay = "delayed", 1
         elif self.pipeline == "pipedream":
             self.mode, self.delay = "delayed", [self.stages - 1 - s for s in range(self.stages)]
@@ -77,7 +81,12 @@ class PipelineConfig(TrainConfig):
 
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r} (choose from {', '.join(PRESETS)})")
-        check_config(self.pipeline, self.stages, self.microbatches, PRESETS[self.preset].n_layer)
+        check_config(TORCH_SCHEDULES.get(self.pipeline, self.pipeline), self.stages, self.microbatches,
+                     PRESETS[self.preset].n_layer)
+        if self.pipeline in TORCH_SCHEDULES and self.stages < 2:
+            raise ValueError(f"{self.pipeline} needs at least 2 stages")
+        if self.pipeline == "torch-1f1b" and self.microbatches < self.stages:
+            raise ValueError(f"torch's Schedule1F1B needs microbatches >= stages = {self.stages}")
         if self.tie_embeddings and self.stages > 1:
             raise ValueError("a pipeline needs untied embeddings: the tied matrix would need a "
                              "cross-stage gradient sum at every update (use tie_embeddings=False)")
@@ -193,7 +202,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
     block = model_cfg.block_size
     torch.manual_seed(cfg.seed)  # every rank builds the same full model: the trainer's init
     stage = Stage(GPT(model_cfg), rank, P).to(device)
-    schedule = Schedule(cfg.pipeline, P, M, end, start)
+    schedule = Schedule(TORCH_SCHEDULES.get(cfg.pipeline, cfg.pipeline), P, M, end, start)
 
     def batch(n: int):
         x, y = data.batch(n, cfg.batch_size, block, cfg.seed)
@@ -238,8 +247,9 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
             checkpoint.save_stage(ckpt_root, step, rank, state)
 
     shape = (cfg.batch_size, block, model_cfg.d_model)
-    ex = StageExecutor(
-        stage, schedule, P2P(shape, torch.float32, device),
+    extra = {"torch_schedule": cfg.pipeline} if cfg.pipeline in TORCH_SCHEDULES else {}
+    ex = (TorchScheduleExecutor if extra else StageExecutor)(
+        stage, schedule, P2P(shape, torch.float32, device), **extra,
         make_optimizer=_optimizer_factory(cfg), lr_lambda=lambda k: lr_factor(k, cfg), batch=batch,
         amp=lambda: autocast(device), on_update=on_update,
         seed_for=(lambda n: cfg.seed * 1_000_003 + n * 7919 + rank) if model_cfg.dropout > 0 else None,
@@ -251,9 +261,14 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
     del ckpt
 
     dist.barrier()  # every rank connected (and NCCL initialised) before the clock starts
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    cpu0, busy0 = time.process_time(), _machine_busy_seconds()
     clock["t0"] = time.perf_counter()
     ex.run()
-    train_time = loop["train_time"] + time.perf_counter() - clock["t0"]
+    wall = time.perf_counter() - clock["t0"]
+    cpu1, busy1 = time.process_time(), _machine_busy_seconds()
+    train_time = loop["train_time"] + wall
     if bar is not None:
         bar.close()
     val = [(x.to(device), y.to(device)) for x, y in data.val_batches(cfg.eval_batches, cfg.batch_size, block)]
@@ -263,8 +278,10 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
     model_dir.mkdir(parents=True, exist_ok=True)
     _save(ex.newest.state_dict(), model_dir / f"stage_{rank}.pt")
     info = {
-        "rank": rank, "events": [e.__dict__ for e in ex.events], "peak_memory_bytes": _peak_memory(device),
-        "max_in_flight": ex.max_in_flight, "slots": len(ex.slots), "cpu_time_s": time.process_time(),
+        "rank": rank, "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
+        "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "max_in_flight": ex.max_in_flight, "slots": len(ex.slots), "cpu_s": cpu1 - cpu0, "wall_s": wall,
+        "machine_busy_s": None if busy0 is None else busy1 - busy0,
         "params": sum(p.numel() for p in stage.parameters()),
     }
     gathered = [None] * P if last else None
@@ -294,12 +311,25 @@ def _progress(cfg: PipelineConfig, start: int):
                 desc=f"{cfg.pipeline} P={cfg.stages} {cfg.optimizer}", unit="step", dynamic_ncols=True)
 
 
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    import resource
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds all processes on this machine have used (Linux ``/proc/stat``), else ``None``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(v) for v in fields]
+    busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+def _foreign_cpu(ranks: list[dict]) -> float | None:
+    """Cores that other processes kept busy while the ranks trained (a noisy-run indicator)."""
+    busy = [r["machine_busy_s"] for r in ranks]
+    if any(b is None for b in busy):
+        return None
+    wall = max(r["wall_s"] for r in ranks)
+    return max(0.0, (max(busy) - sum(r["cpu_s"] for r in ranks)) / wall) if wall > 0 else None
 
 
 def _save(obj, path: Path) -> None:
@@ -322,21 +352,25 @@ def _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_p
         (model_dir / f"stage_{s}.pt").unlink()
     model_dir.rmdir()
 
-    events = [[Event(**e) for e in g["events"]] for g in sorted(gathered, key=lambda g: g["rank"])]
+    ranks = sorted(gathered, key=lambda g: g["rank"])
+    events = [[Event(**e) for e in g["events"]] for g in ranks]
     timeline = Timeline(events)
     write_json(out / "timeline.json", {"stages": P, "events": timeline.to_list()})
-    # The first few batches are enough to see the schedule.
-    head = Timeline([[e for e in evs if (e.n if e.op == "U" else e.n // cfg.microbatches) < start + 6]
-                     for evs in events])
-    fig = plot_timeline(head, title=f"{cfg.pipeline}, P={P}, M={cfg.microbatches} (measured)",
-                        microbatches=cfg.microbatches)
-    fig.savefig(out / "timeline.png", dpi=120)
+    coarse = cfg.pipeline in TORCH_SCHEDULES  # one event per batch: no per-action picture
+    if not coarse:  # the first few batches are enough to see the schedule
+        head = Timeline([[e for e in evs if (e.n if e.op == "U" else e.n // cfg.microbatches) < start + 6]
+                         for evs in events])
+        fig = plot_timeline(head, title=f"{cfg.pipeline}, P={P}, M={cfg.microbatches} (measured)",
+                            microbatches=cfg.microbatches)
+        fig.savefig(out / "timeline.png", dpi=120)
 
     steps_run = end - start
     try:
         steady = timeline.steady_state(skip=1)
     except ValueError:  # too short a run for a window away from warm-up and cool-down
         steady = {"seconds_per_batch": train_time / steps_run, "idle_fraction": None, "bubble": None}
+    if coarse:
+        steady["idle_fraction"] = steady["bubble"] = None
     tokens = end * tokens_per_update
     summary = {
         "status": "finished" if end == cfg.steps else "stopped",
@@ -348,8 +382,10 @@ def _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_p
         "idle_fraction": steady["idle_fraction"], "lr": cfg.resolved_lr(), "momentum": cfg.momentum,
         "seed": cfg.seed, "preset": cfg.preset, "params": sum(g["params"] for g in gathered), "device": device,
         "backend": dist.get_backend(), "resumed_from": start or None,
-        "peak_memory_bytes": [g["peak_memory_bytes"] for g in sorted(gathered, key=lambda g: g["rank"])],
-        "max_in_flight": [g["max_in_flight"] for g in sorted(gathered, key=lambda g: g["rank"])],
+        "memory_bytes": [g["memory"] for g in ranks],
+        "cuda_peak_bytes": [g["cuda_peak_bytes"] for g in ranks] if device.startswith("cuda") else None,
+        "max_in_flight": [g["max_in_flight"] for g in ranks],
+        "foreign_cpu_cores": _foreign_cpu(ranks), "cpu_cores": os.cpu_count(),
     }
     if summary["status"] == "finished":
         write_json(out / "summary.json", summary)

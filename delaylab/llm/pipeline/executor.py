@@ -78,6 +78,8 @@ class StageExecutor:
         self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._loss_sum: dict[int, torch.Tensor] = {}
         self.max_in_flight = 0
+        self.activation_bytes = 0  # what autograd keeps of one microbatch's forward
+        self._measured = False
 
     # -- the interpreter ------------------------------------------------------------------------
     def run(self) -> None:
@@ -108,7 +110,7 @@ class StageExecutor:
         x = data[0] if self.stage.first else received.requires_grad_(True)
         if self.seed_for is not None:
             torch.manual_seed(self.seed_for(a.n))
-        with self._amp():
+        with self._amp(), self._measuring(slot):
             out = slot(x)
             if self.stage.last:
                 loss = lm_loss(out, data[1])
@@ -149,6 +151,51 @@ class StageExecutor:
         self.sched.step()
         if self.on_update is not None:
             self.on_update(k, loss)
+
+    def _measuring(self, slot: nn.Module):
+        """On the first forward, add up the bytes autograd saves for the backward (weights aside)."""
+        import contextlib
+
+        if self._measured:
+            return contextlib.nullcontext()
+        self._measured = True
+        weights = {p.untyped_storage().data_ptr() for p in slot.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        @contextlib.contextmanager
+        def measure():
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                yield
+            self.activation_bytes = sum(seen.values())
+
+        return measure()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this stage holds at its peak: weight slots, one set of gradients, optimizer
+        state, and the activations of the most microbatches it had in flight."""
+        def tensor_bytes(obj) -> int:
+            if isinstance(obj, torch.Tensor):
+                return obj.nbytes
+            if isinstance(obj, dict):
+                return sum(tensor_bytes(v) for v in obj.values())
+            if isinstance(obj, (list, tuple)):
+                return sum(tensor_bytes(v) for v in obj)
+            return 0
+
+        out = {
+            "weights": sum(p.nbytes for slot in self.slots for p in slot.parameters()),
+            "grads": sum(p.nbytes for p in self.stage.parameters()),
+            "optimizer": tensor_bytes(self.opt.state_dict()),
+            "activations": self.max_in_flight * self.activation_bytes if self._measured else None,
+        }
+        out["total"] = sum(v for v in out.values() if v is not None)
+        return out
 
     # -- after training -----------------------------------------------------------------------
     @property
@@ -204,3 +251,45 @@ class StageExecutor:
 
 def _recv_of(a: Action) -> tuple[int, str, int] | None:
     return (a.recv, a.op, a.n) if a.recv is not None else None
+
+
+class TorchScheduleExecutor(StageExecutor):
+    """The baseline: torch's own ``ScheduleGPipe`` / ``Schedule1F1B`` on the same stage.
+
+    Same module, data, optimizer, LR schedule and loss scaling (``loss / M``, with torch's
+    ``scale_grads=False``); only the schedule runtime is torch's. It flushes inside every
+    ``step()`` and the optimizer runs after it, which is exactly synchronous training. Its
+    timeline holds one ``U`` event per batch (torch's runtime exposes no per-action clock).
+    """
+
+    def __init__(self, stage: Stage, schedule: Schedule, p2p: P2P, *, torch_schedule: str, **kw):
+        if schedule.delay(stage.index) != 0:
+            raise ValueError("torch's schedules are synchronous: build them on a gpipe/1f1b Schedule")
+        super().__init__(stage, schedule, p2p, **kw)
+        self.torch_schedule = torch_schedule
+
+    def run(self) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        sch, st = self.schedule, self.stage
+        M = sch.microbatches
+        device = next(st.parameters()).device
+        cls = {"torch-1f1b": Schedule1F1B, "torch-gpipe": ScheduleGPipe}[self.torch_schedule]
+        runner = cls(PipelineStage(st, st.index, st.stages, device), M,
+                     loss_fn=lambda out, y: lm_loss(out, y) / M, scale_grads=False)
+        for b in sch.updates():
+            t0 = self._clock()
+            data = [self.batch(n) for n in range(b * M, (b + 1) * M)] if st.first or st.last else None
+            with self._amp():
+                if st.first and st.last:
+                    raise ValueError("torch's schedules need at least 2 stages")
+                if st.first:
+                    runner.step(torch.cat([x for x, _ in data]))
+                elif st.last:
+                    losses: list[torch.Tensor] = []
+                    runner.step(target=torch.cat([y for _, y in data]), losses=losses)
+                    self._loss_sum[b] = sum(loss.detach() for loss in losses) * M
+                else:
+                    runner.step()
+            self._update(b)
+            self.events.append(Event(self.index, "U", b, t0, t0, self._clock()))

@@ -56,6 +56,12 @@ class Costs:
     def of(self, stage: int, op: str) -> float:
         return {"F": self.forward, "B": self.backward, "U": self.update}[op][stage]
 
+    @classmethod
+    def measured(cls, timeline: Timeline) -> "Costs":
+        """Median per-stage compute times and the message latency of a (real) run's timeline."""
+        c = timeline.costs()
+        return cls.make(timeline.stages, c["forward"], c["backward"], c["update"], timeline.message_latency())
+
 
 def simulate(schedule: Schedule | Sequence[Sequence[Action]], costs: Costs) -> Timeline:
     """Replay ``schedule`` (or explicit per-stage action lists) with ``costs``; raise on deadlock."""

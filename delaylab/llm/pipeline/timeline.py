@@ -65,6 +65,23 @@ class Timeline:
             ]
         return out
 
+    def message_latency(self) -> float:
+        """Median delay from a send's end to the receiver's start, over messages it waited for.
+
+        Activations flow from stage ``s`` to ``s+1`` (``F``), gradients back (``B``). A receiver
+        that was already waiting starts as soon as the message lands, so the gap is the
+        transfer time plus the wake-up; ``0.0`` if no receiver ever waited.
+        """
+        ends = {(s, e.op, e.n): e.end for s, evs in enumerate(self.events) for e in evs if e.op != "U"}
+        gaps = []
+        for s, evs in enumerate(self.events):
+            for e in evs:
+                src = s - 1 if e.op == "F" else s + 1 if e.op == "B" else None
+                sent = ends.get((src, e.op, e.n))
+                if sent is not None and e.start > e.ready and sent <= e.start:
+                    gaps.append(e.start - sent)
+        return median(gaps) if gaps else 0.0
+
     def steady_state(self, skip: int = 1) -> dict:
         """Per-batch time and idle fraction between updates, away from warm-up and cool-down.
 
@@ -124,7 +141,8 @@ def plot_timeline(timeline: Timeline, ax=None, title: str | None = None, microba
     ax.invert_yaxis()
     ax.set_xlabel("time")
     handles = [Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
-    ax.legend(handles, ["forward", "backward", "update"], loc="upper right", fontsize=7, ncol=3)
+    ax.legend(handles, ["forward", "backward", "update"], loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              fontsize=7, ncol=3, frameon=False, borderaxespad=0.1)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9, loc="left")
     return fig
