@@ -52,7 +52,7 @@ def gap_vs_momentum(rows: dict, ax=None):
                     marker="o", capsize=3, label=name)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("momentum")
-    ax.set_ylabel("delayed - sync val loss")
+    ax.set_ylabel("delayed - sync val loss (at the best sync lr)")
     ax.legend(frameon=False)
     ax.grid(alpha=0.3)
     return fig
@@ -67,6 +67,9 @@ def loss_vs_lr(rows: dict, title: str = "", ax=None):
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
                         marker="o", capsize=3, label=mode, **MODE_STYLE.get(mode, {}))
     ax.set_xscale("log")
+    lrs = sorted({p[0] for pts in rows.values() for p in pts})
+    ax.set_xticks(lrs, [f"{v:g}" for v in lrs])
+    ax.minorticks_off()
     ax.set_xlabel("peak lr")
     ax.set_ylabel("final val loss")
     ax.set_title(title)
