@@ -1,0 +1,69 @@
+"""``delaylab reproduce``: the paper's six findings at small scale, each beside the theory's prediction.
+
+``reproduce(preset, out)`` runs (or reads) every run the report needs under ``out`` and writes
+``out/report.json``, ``out/report.md`` and ``out/repro_*.png``:
+
+1. sync vs one-step-delayed final val loss per optimizer (AdamW, Muon, Lion, SOAP, Adan, MARS);
+2. the share of the gap EF, DC-ASGD, sync start and sync cooldown recover;
+3. the gap against momentum; 4. sync and delayed loss against the peak lr;
+5. 2BW's constant delay against PipeDream's per-stage delays (simulator, per-group tau);
+6. the toy rate checks of :mod:`delaylab.toy.rates` (measured vs bound, slopes).
+
+Modules: :mod:`~delaylab.reproduce.presets` (the grids), :mod:`~delaylab.reproduce.plan`
+(which runs each finding needs), :mod:`~delaylab.reproduce.runner` (the resumable pool),
+:mod:`~delaylab.reproduce.predict` (the theory side), :mod:`~delaylab.reproduce.findings`
+(tables and verdicts), :mod:`~delaylab.reproduce.figures` and :mod:`~delaylab.reproduce.report`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+from delaylab.reproduce.presets import PRESETS, Preset, get_preset
+
+SPEC = "reproduce.json"
+
+__all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
+
+
+def _check_folder(p: Preset, out: Path) -> None:
+    """A folder belongs to one grid: resuming it with another preset would mix two reports."""
+    from delaylab.commands._common import jsonable, write_json
+
+    path = out / SPEC
+    spec = jsonable(p.to_dict())
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise ValueError(f"{path} is not valid JSON; use another --out") from None
+        if saved != spec:
+            raise ValueError(f"{out} holds a report of another grid (preset {saved.get('name')!r}); use another --out")
+    else:
+        write_json(path, spec)
+
+
+def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = None) -> dict:
+    """Run every finding of ``preset`` in ``out`` (resumable) and return the report (also on disk)."""
+    from delaylab.commands._common import write_json
+    from delaylab.llm.data import load_dataset
+    from delaylab.reproduce import plan, report, runner
+
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_folder(p, out)
+    base = p.llm.base
+    load_dataset(base.get("data", "shakespeare"), base.get("tokenizer", "byte"))  # tokenize once, not per worker
+    start = datetime.datetime.now().astimezone()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    counts = runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress)
+    session = {"date": start.isoformat(timespec="seconds"), "jobs": jobs, "cpus": os.cpu_count(),
+               "load_start": None if load is None else round(load, 2), **counts}
+    rep = report.build(p, out, session)
+    write_json(out / "report.json", rep)
+    (out / "report.md").write_text(report.markdown(rep))
+    return rep

@@ -1,0 +1,180 @@
+"""The report's PNG figures, one per finding, drawn from the parts of :mod:`delaylab.reproduce.findings`.
+
+Every ``plot_*`` takes the part (and ``DIR`` where it reads loss curves), draws on ``ax`` or a
+new figure, and returns the figure; :func:`write` saves them as ``DIR/repro_*.png``. The GPT
+panels reuse :mod:`delaylab.llm.plots`, the toy panels :mod:`delaylab.toy.plots`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from delaylab.llm import plots as llm_plots  # noqa: E402
+
+FIX_COLORS = {"delayed": "tab:red", "ef": "tab:blue", "dc-asgd": "tab:green", "sync-start": "tab:purple",
+              "sync-cooldown": "tab:orange"}
+
+
+def _curve(folder: Path) -> tuple[list[int], list[float]]:
+    steps, losses = [], []
+    path = folder / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        rec = json.loads(line)
+        steps.append(rec["step"])
+        losses.append(rec["train_loss"])
+    return steps, losses
+
+
+def _mean_curve(out: Path, folders: list[str]):
+    curves = [c for c in (_curve(out / f) for f in folders) if c[0]]
+    if not curves:
+        return None
+    n = min(len(c[0]) for c in curves)
+    return curves[0][0][:n], [sum(c[1][i] for c in curves) / len(curves) for i in range(n)]
+
+
+def _subplots(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
+    ncols = min(n, ncols)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def plot_loss_curves(part1: dict, part2: dict, out: Path):
+    """Train loss (mean over seeds) of sync, delayed and delayed+EF at each optimizer's best sync lr."""
+    rows2 = {r["optimizer"]: r for r in part2["rows"]}
+    fig, axes = _subplots(len(part1["rows"]))
+    for ax, row in zip(axes, part1["rows"]):
+        runs = dict(row["runs"])
+        if "ef" in rows2.get(row["optimizer"], {}).get("runs", {}):
+            runs["ef"] = rows2[row["optimizer"]]["runs"]["ef"]
+        curves = {m: c for m, c in ((m, _mean_curve(out, f)) for m, f in runs.items()) if c}
+        llm_plots.loss_curves(curves, f"{row['optimizer']} (lr {row['lr']:g}): gap {_g(row['gap']['mean'])}", ax=ax)
+    fig.suptitle("train loss, sync vs one-step delay vs delay + EF (mean over seeds)", fontsize=10)
+    return fig
+
+
+def _g(x) -> str:
+    return "n/a" if x is None else f"{x:+.3f}"
+
+
+def plot_mitigations(part2: dict, ax=None):
+    """Gap to sync (final val loss, mean +- std over seeds) per optimizer: delayed and each mitigation."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7.5, 3.6))
+    rows = part2["rows"]
+    modes = ["delayed"] + [k[: -len("_gap")] for k in rows[0] if k.endswith("_gap")]
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        key = "gap" if mode == "delayed" else f"{mode}_gap"
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(rows))]
+        ys = [r[key]["mean"] if r[key]["mean"] is not None else math.nan for r in rows]
+        err = [r[key]["std"] or 0.0 for r in rows]
+        ax.bar(xs, ys, width, yerr=err, capsize=2, color=FIX_COLORS.get(mode), label=mode if mode != "delayed" else "delayed (no fix)")
+    ax.set_xticks(range(len(rows)), [r["optimizer"] for r in rows])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel("val loss - sync val loss")
+    ax.set_title("gap to sync per optimizer, with and without mitigations (error bars: std over seeds)", fontsize=9)
+    ax.legend(frameon=False, fontsize=7, ncol=3)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_momentum(part3: dict):
+    """Measured gap vs momentum (left) and the theory's quantity for each optimizer (right)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    by_opt: dict[str, list] = {}
+    for r in part3["rows"]:
+        by_opt.setdefault(r["optimizer"], []).append(r)
+    llm_plots.gap_vs_momentum({o: [(r["momentum"], r["gap"]["mean"], r["gap"]["std"] or 0.0)
+                                   for r in rs if r["gap"]["mean"] is not None] for o, rs in by_opt.items()}, ax=a)
+    a.set_title("measured: delayed - sync val loss", fontsize=9)
+    for o, rs in by_opt.items():
+        pred = rs[0]["prediction"]
+        key = "relative_penalty" if pred["kind"] == "lmo" else "stable_shrink"
+        label = f"{o}: delay/momentum term (Thm 1)" if key == "relative_penalty" else f"{o}: sync/delayed stable range"
+        b.plot([r["momentum"] for r in rs], [r["prediction"][key] for r in rs], marker="o", label=label)
+    b.set_yscale("log")
+    b.set_xlabel("momentum")
+    b.set_ylabel("theory's quantity (log)")
+    b.set_title("predicted (higher = more delay-sensitive)", fontsize=9)
+    b.legend(frameon=False, fontsize=7)
+    b.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig
+
+
+def plot_learning_rate(part4: dict):
+    by_opt: dict[str, list] = {}
+    for r in part4["rows"]:
+        by_opt.setdefault(r["optimizer"], []).append(r)
+    fig, axes = _subplots(len(by_opt), ncols=len(by_opt), w=4.5, h=3.5)
+    for ax, (o, rs) in zip(axes, by_opt.items()):
+        llm_plots.loss_vs_lr({m: [(r["lr"], r[m]["mean"], r[m]["std"] or 0.0) for r in rs] for m in ("sync", "delayed")},
+                             f"{o}: final val loss vs peak lr", ax=ax)
+        for r in rs:
+            if r["delayed"]["diverged"]:
+                ax.annotate("diverged", (r["lr"], ax.get_ylim()[1]), ha="center", va="top", fontsize=7, color="tab:red")
+    fig.tight_layout()
+    return fig
+
+
+def plot_schedules(part5: dict, ax=None):
+    """Gap to sync of 2BW and PipeDream at each depth, per optimizer (mean +- std over seeds)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 3.6))
+    rows = [r for r in part5["rows"] if r["schedule"] != "sync"]
+    opts = list(dict.fromkeys(r["optimizer"] for r in rows))
+    names = list(dict.fromkeys(r["schedule"] for r in rows))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        mine = {r["optimizer"]: r for r in rows if r["schedule"] == name}
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(opts))]
+        ys = [mine[o]["gap"]["mean"] if mine[o]["gap"]["mean"] is not None else math.nan for o in opts]
+        err = [mine[o]["gap"]["std"] or 0.0 for o in opts]
+        tau = mine[opts[0]]["delays"]
+        ax.bar(xs, ys, width, yerr=err, capsize=2, label=f"{name} (tau {tau}, mean {mine[opts[0]]['mean_delay']:.2g})")
+    ax.set_xticks(range(len(opts)), opts)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel("val loss - sync val loss")
+    ax.set_title("constant delay (2BW) vs PipeDream's per-stage delays", fontsize=9)
+    ax.legend(frameon=False, fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_toy(part6: dict, out: Path):
+    """Measured mean ||grad f||_* and the bound against T (log-log), one panel per problem."""
+    from delaylab.toy.plots import plot_rates_grid
+
+    results = [json.loads((out / r["runs"][0] / "summary.json").read_text()) for r in part6["rows"]]
+    return plot_rates_grid(results, ncols=min(3, len({r["problem"] for r in results})))
+
+
+def write(parts: dict, out: Path) -> dict[str, str]:
+    """Every figure as ``out/repro_<name>.png``; returns ``{part key: file name}``."""
+    figs = {
+        "optimizers": ("repro_loss_curves.png", lambda: plot_loss_curves(parts["optimizers"], parts["mitigations"], out)),
+        "mitigations": ("repro_gap_mitigations.png", lambda: plot_mitigations(parts["mitigations"])),
+        "momentum": ("repro_gap_vs_momentum.png", lambda: plot_momentum(parts["momentum"])),
+        "learning_rate": ("repro_loss_vs_lr.png", lambda: plot_learning_rate(parts["learning_rate"])),
+        "schedules": ("repro_schedules.png", lambda: plot_schedules(parts["schedules"])),
+        "toy": ("repro_toy_rates.png", lambda: plot_toy(parts["toy"], out)),
+    }
+    written = {}
+    for key, (name, make) in figs.items():
+        fig = make()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)  # no-op for the pyplot-free figures of toy.plots
+        written[key] = name
+    return written

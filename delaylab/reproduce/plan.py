@@ -1,0 +1,152 @@
+"""Which runs each finding needs, as :class:`~delaylab.reproduce.runner.LLMRun` / ``ToyRun`` lists.
+
+The same functions serve the runner (what to run) and the report (which folders to read), so
+the two cannot disagree. Findings 2 and 3 run at each optimizer's best sync lr, which
+:func:`best_sync` reads from the finished lr grid; until then they plan nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from delaylab.llm.sweep import Cell, summarize
+from delaylab.reproduce.presets import Preset
+from delaylab.reproduce.runner import LLMRun, ToyRun, read_summary
+
+MAIN = "main"
+SWEEP_MODE = {"ef": "ef", "dc-asgd": "dc-asgd", "sync-start": "delayed", "sync-cooldown": "delayed"}
+
+
+def _momentum(p: Preset, opt: str) -> float | None:
+    return p.llm.momentum.get(opt)
+
+
+def _runs(variant: str, base: dict, opt: str, lr: float, momentum, modes, seeds: int, label=None) -> list[LLMRun]:
+    return [LLMRun(variant, base, Cell(opt, mode, float(lr), momentum, s), label or mode)
+            for mode in modes for s in range(seeds)]
+
+
+def grid(p: Preset) -> list[LLMRun]:
+    """Findings 1 and 4: sync and delayed over every optimizer's lr grid."""
+    g = p.llm
+    return [r for opt in g.optimizers for lr in g.lrs[opt]
+            for r in _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), g.seeds)]
+
+
+def records(out: Path, runs: list[LLMRun]) -> list[dict] | None:
+    """Rows for :func:`delaylab.llm.sweep.summarize` (mode = the run's label); None until all finished."""
+    rows = []
+    for r in runs:
+        s = read_summary(out, r)
+        if s is None:
+            return None
+        c = r.cell
+        rows.append({"optimizer": c.optimizer, "mode": r.label, "lr": c.lr, "momentum": c.momentum,
+                     "seed": c.seed, "val_loss": s.get("val_loss"), "run": r.folder})
+    return rows
+
+
+def best_sync(p: Preset, out: Path) -> dict[str, dict] | None:
+    """``{optimizer: gaps row}`` at each optimizer's best mean sync loss on the lr grid."""
+    rows = records(out, grid(p))
+    return None if rows is None else summarize(rows)["best"]
+
+
+def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
+    """The (variant, base) a mitigation's delayed runs use."""
+    k = p.llm.sync_steps
+    if mitigation == "sync-start":
+        return f"sync-start-{k}", {**p.llm.base, "sync_start": k}
+    if mitigation == "sync-cooldown":
+        return f"sync-cooldown-{k}", {**p.llm.base, "sync_cooldown": k}
+    return MAIN, p.llm.base
+
+
+def mitigations(p: Preset, best: dict) -> list[LLMRun]:
+    """Finding 2: every mitigation at each optimizer's best sync lr."""
+    runs = []
+    for opt in p.llm.optimizers:
+        row = best[opt]
+        for m in p.llm.mitigations:
+            variant, base = variant_base(p, m)
+            runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), p.llm.seeds, label=m)
+    return runs
+
+
+def momentum(p: Preset, best: dict) -> list[LLMRun]:
+    """Finding 3: sync and delayed over the momentum grid, at the best sync lr."""
+    return [r for opt, grid_ in p.llm.momenta.items() for mom in grid_
+            for r in _runs(MAIN, p.llm.base, opt, best[opt]["lr"], mom, ("sync", "delayed"), p.llm.seeds)]
+
+
+def schedule_delays(depth: int) -> list[int]:
+    """PipeDream's per-stage delays at ``depth`` stages, from the pipeline's schedule model."""
+    from delaylab.llm.pipeline.schedules import Schedule
+
+    return Schedule("pipedream", depth, 1, 1).delays()
+
+
+def schedules(p: Preset) -> dict[str, list[LLMRun]]:
+    """Finding 5, by schedule: ``sync``, ``2bw`` and ``pipedream-P`` for each depth P."""
+    s = p.schedules
+    base = {**p.llm.base, **s.overrides}
+    prefix = "" if not s.overrides else "sched-"
+    main = MAIN if not s.overrides else "sched"
+    out = {"sync": [], "2bw": []}
+    for opt in s.optimizers:
+        lr, mom = s.lrs[opt], _momentum(p, opt)
+        out["sync"] += _runs(main, base, opt, lr, mom, ("sync",), s.seeds)
+        out["2bw"] += _runs(main, base, opt, lr, mom, ("delayed",), s.seeds, label="2bw")
+        for depth in s.depths:
+            name = f"pipedream-{depth}"
+            pd_base = {**base, "delay": schedule_delays(depth)}
+            out.setdefault(name, []).extend(_runs(prefix + name, pd_base, opt, lr, mom, ("delayed",), s.seeds,
+                                                  label=name))
+    return out
+
+
+def toy(p: Preset) -> dict[str, list[ToyRun]]:
+    """Finding 6: the rate suite, the delay cost and the comparison, as toy runs."""
+    from delaylab.toy.problems import PROBLEMS
+    from delaylab.toy.rates import SUITE_MODES, suite_settings
+
+    t = p.toy
+    rates = []
+    for problem, method, delay, corr in suite_settings(t.problems, t.methods, SUITE_MODES):
+        mode = "sync" if delay == 0 else f"tau{delay}" + ("" if corr == "none" else f"-{corr}")
+        rates.append(ToyRun(f"rates-{problem}-{method}-{mode}", "rates",
+                            dict(problem=problem, method=method, delay=delay, correction=corr, steps=list(t.T),
+                                 seeds=t.seeds)))
+    assert t.cost_problem in PROBLEMS and t.compare_problem in PROBLEMS
+    cost = ToyRun(f"cost-{t.cost_problem}-{t.cost_method}", "cost",
+                  dict(problem=t.cost_problem, method=t.cost_method, steps=t.cost_T, seeds=t.seeds,
+                       betas=list(t.cost_betas)))
+    compare = ToyRun(f"compare-{t.compare_problem}", "compare",
+                     dict(problem=t.compare_problem, steps=t.compare_T, seeds=t.compare_seeds))
+    return {"rates": rates, "cost": [cost], "compare": [compare]}
+
+
+def plan(p: Preset, out: Path) -> list:
+    """Every run the report needs that can be decided now, cheapest-to-decide first."""
+    runs = grid(p)
+    runs += [r for group in schedules(p).values() for r in group]
+    runs += [r for group in toy(p).values() for r in group]
+    best = best_sync(p, out)
+    if best is not None:
+        runs += mitigations(p, best) + momentum(p, best)
+    return _unique(runs)
+
+
+def _unique(runs: list) -> list:
+    """Drop repeats of a folder (a run shared by two findings); a folder used with two different
+    configurations is a bug in the plan."""
+    seen: dict[str, object] = {}
+    out = []
+    for r in runs:
+        prev = seen.get(r.folder)
+        if prev is None:
+            seen[r.folder] = r
+            out.append(r)
+        elif getattr(prev, "base", None) != getattr(r, "base", None) or getattr(prev, "kwargs", None) != getattr(r, "kwargs", None):
+            raise AssertionError(f"two configurations for {r.folder}")
+    return out

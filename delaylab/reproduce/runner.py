@@ -1,0 +1,186 @@
+"""Runs of the report, and a resumable pool that runs them two at a time.
+
+A run is a folder under ``DIR``: ``llm/<variant>/cells/<cell>/`` (a GPT training run, laid out
+as ``delaylab llm sweep`` lays out its cells, so the sweep commands in the report find and reuse
+them) or ``toy/<name>/`` (one call of :mod:`delaylab.toy.rates`). A run is finished when its
+``summary.json`` exists; finished runs are read, never rerun, and an interrupted GPT run
+resumes from its checkpoint (:func:`delaylab.llm.sweep.run_cell`), so a killed report resumed
+gives the same numbers.
+
+:func:`run` takes a *plan*: a function of ``DIR`` that lists every run it can decide on from
+the finished ones (the mitigation and momentum runs need the best sync lr, known only once
+the lr grid has finished). It is called again after every finished run until nothing new
+appears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from delaylab.llm.sweep import Cell
+
+SUMMARY = "summary.json"
+
+
+class RunFailed(RuntimeError):
+    """A run of the report raised; the message names its folder."""
+
+
+@dataclass(frozen=True, eq=False)
+class LLMRun:
+    """``cell`` (optimizer, sweep mode, lr, momentum, seed) on top of the TrainConfig fields ``base``.
+
+    ``variant`` names the base (one folder per base, like one sweep folder per base config);
+    ``label`` is the row the run stands for in the report (e.g. ``sync-start`` for a delayed
+    run whose base has ``sync_start=K``).
+    """
+
+    variant: str
+    base: dict
+    cell: Cell
+    label: str
+
+    @property
+    def folder(self) -> str:
+        return f"llm/{self.variant}/cells/{self.cell.name}"
+
+
+@dataclass(frozen=True, eq=False)
+class ToyRun:
+    """``task`` (``rates``, ``cost`` or ``compare`` of :mod:`delaylab.toy.rates`) with ``kwargs``."""
+
+    name: str
+    task: str
+    kwargs: dict
+
+    @property
+    def folder(self) -> str:
+        return f"toy/{self.name}"
+
+
+def read_summary(out: Path, run) -> dict | None:
+    """The finished run's summary, or None while it is not finished."""
+    path = Path(out) / run.folder / SUMMARY
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _toy(task: str, kwargs: dict) -> dict:
+    from delaylab.toy.problems import make_problem
+    from delaylab.toy.rates import compare, delay_cost, rate_check
+
+    kw = dict(kwargs)
+    problem = make_problem(kw.pop("problem"))
+    if task == "rates":
+        return rate_check(problem, kw.pop("method"), **kw)
+    if task == "cost":
+        return delay_cost(problem, kw.pop("method"), **kw)
+    if task == "compare":
+        return compare(problem, **kw)
+    raise ValueError(f"unknown toy task {task!r}")
+
+
+def execute(run, out: str) -> bool:
+    """Make sure ``run`` is finished in ``out``; True when it had to compute (not only read)."""
+    folder = Path(out) / run.folder
+    if (folder / SUMMARY).is_file():
+        return False
+    if isinstance(run, LLMRun):
+        from delaylab.llm.sweep import run_cell
+
+        run_cell(run.base, run.cell, str(folder))  # resumes from a checkpoint; a divergence is a result
+        return True
+    import torch
+
+    from delaylab.commands._common import write_json
+
+    torch.set_num_threads(1)
+    write_json(folder / "config.json", {"task": run.task, **run.kwargs})
+    start = time.perf_counter()
+    result = _toy(run.task, run.kwargs)
+    result["seconds"] = time.perf_counter() - start
+    write_json(folder / SUMMARY, result)
+    return True
+
+
+def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: bool | None = None) -> dict:
+    """Finish every run ``plan(out)`` lists (replanning after each one); returns counts and time.
+
+    ``workers`` runs at a time, each in its own process with one thread; ``workers=1`` runs
+    them here, one after the other.
+    """
+    from tqdm.auto import tqdm
+
+    if workers < 1:
+        raise ValueError(f"jobs must be >= 1, got {workers}")
+    start = time.perf_counter()
+    seen: set[str] = set()
+    counts = {"computed": 0, "read": 0}
+    bar = tqdm(total=0, desc="reproduce", unit="run", disable=None if progress is None else not progress)
+
+    def new_runs() -> list:
+        fresh = [r for r in plan(out) if r.folder not in seen]
+        seen.update(r.folder for r in fresh)
+        bar.total = len(seen)
+        bar.refresh()
+        return fresh
+
+    def done(computed: bool) -> None:
+        counts["computed" if computed else "read"] += 1
+        bar.update(1)
+
+    try:
+        queue = new_runs()
+        if workers == 1:
+            while queue:
+                for r in queue:
+                    done(_checked(execute, r, out))
+                queue = new_runs()
+        else:
+            import multiprocessing as mp
+
+            # One thread per run: two single-threaded runs use two cores better than one with two.
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+            pool, pending = None, {}
+            try:
+                while queue or pending:
+                    for r in queue:
+                        if (Path(out) / r.folder / SUMMARY).is_file():
+                            done(False)  # finished earlier: read, no process needed
+                            continue
+                        if pool is None:
+                            pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+                        pending[pool.submit(execute, r, str(out))] = r
+                    if pending:
+                        finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            r = pending.pop(fut)
+                            done(_checked(fut.result, folder=r.folder))
+                    queue = new_runs()
+            except KeyboardInterrupt:
+                if pool is not None:  # the workers got the signal too; their checkpoints stay
+                    pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            finally:
+                if pool is not None:  # after a failed run, let the running ones finish and save
+                    pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        bar.close()
+    return {**counts, "runs": len(seen), "seconds": time.perf_counter() - start}
+
+
+def _checked(fn, *args, folder: str | None = None):
+    """Call ``fn``; a failure names the run it came from (one line)."""
+    try:
+        return fn(*args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:
+        where = folder or getattr(args[0], "folder", "?")
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunFailed(f"run {where} failed: {msg}") from err

@@ -1,0 +1,220 @@
+"""`delaylab reproduce --preset ci`: the report's structure, where its numbers come from, resume.
+
+One ci report is made per module (about a minute on 2 cores). Every number checked here is
+recomputed from the run folders themselves (summary.json / config.json / metrics.jsonl),
+with numpy, not taken from the report; no expected value is written down.
+"""
+
+import glob
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from delaylab.reproduce import reproduce
+from delaylab.reproduce.report import markdown
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DELAYLAB_CACHE", str(tmp_path_factory.mktemp("cache")))  # the spawned workers inherit it
+        rep = reproduce("ci", out, jobs=2, progress=False)
+        yield out, rep
+
+
+def _load(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _val(out: Path, folder: str):
+    return _load(out / folder / "summary.json")["val_loss"]
+
+
+def _parts(rep: dict) -> dict:
+    return {p["key"]: p for p in rep["parts"]}
+
+
+def _close(a, b, tol=1e-9):
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def test_report_structure(made):
+    out, rep = made
+    on_disk = _load(out / "report.json")
+    assert on_disk == json.loads(json.dumps(on_disk))  # plain JSON
+    assert [p["id"] for p in on_disk["parts"]] == [1, 2, 3, 4, 5, 6]
+    assert [s["id"] for s in on_disk["summary"]] == [1, 2, 3, 4, 5, 6]
+    md = (out / "report.md").read_text()
+    assert md == markdown(on_disk)  # the Markdown says exactly what the JSON says
+    for part in on_disk["parts"]:
+        assert part["rows"] and part["verdicts"] and part["commands"], part["key"]
+        for v in part["verdicts"]:
+            assert v["agree"] in (True, False, None) and v["line"].strip() and "\n" not in v["line"]
+            assert f"- {v['line']}" in md
+        assert part["reproduced"] in ("yes", "partly", "no", "n.a.")
+        assert part["theory_agrees"] in ("yes", "partly", "no", "n.a.")
+        png = out / part["figure"]
+        assert png.read_bytes()[:8] == PNG and png.stat().st_size > 5000, png
+        assert f"![{part['title']}]({part['figure']})" in md
+        assert f"## {part['id']}. {part['title']}" in md
+    assert on_disk["session"]["computed"] == on_disk["session"]["runs"] > 0
+
+
+def test_best_lr_and_gaps_recomputed_from_the_runs(made):
+    out, rep = made
+    part = _parts(rep)["optimizers"]
+    cells = out / "llm" / "main" / "cells"
+    for row in part["rows"]:
+        opt = row["optimizer"]
+        # the best sync lr: the lowest mean final val loss over every sync run of this optimizer in DIR
+        by_lr = {}
+        for path in glob.glob(str(cells / f"{opt}_sync_*")):
+            cfg = _load(Path(path) / "config.json")
+            if cfg["momentum"] == row["momentum"]:
+                by_lr.setdefault(cfg["lr"], []).append(_load(Path(path) / "summary.json")["val_loss"])
+        assert len(by_lr) == len(_load(out / "reproduce.json")["llm"]["lrs"][opt])
+        assert row["lr"] == min(by_lr, key=lambda lr: np.mean(by_lr[lr]))
+        sync = {_load(out / f / "config.json")["seed"]: _val(out, f) for f in row["runs"]["sync"]}
+        delayed = {_load(out / f / "config.json")["seed"]: _val(out, f) for f in row["runs"]["delayed"]}
+        for f in row["runs"]["delayed"]:
+            cfg = _load(out / f / "config.json")
+            assert (cfg["optimizer"], cfg["mode"], cfg["lr"], cfg["correction"]) == (opt, "delayed", row["lr"], "none")
+        assert _close(row["sync"]["mean"], np.mean(list(sync.values())))
+        assert _close(row["delayed"]["std"], np.std(list(delayed.values()), ddof=1))
+        gaps = [delayed[s] - sync[s] for s in sorted(sync)]
+        assert _close(row["gap"]["mean"], np.mean(gaps))
+        assert _close(row["relative_gap_pct"], 100 * np.mean(gaps) / np.mean(list(sync.values())))
+        # ... and the Markdown row prints those numbers
+        md_row = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith(f"| {opt} | "))
+        assert f"{np.mean(gaps):+.3f} ± {np.std(gaps, ddof=1):.3f}" in md_row
+
+
+def test_mitigation_shares_recomputed(made):
+    out, rep = made
+    for row in _parts(rep)["mitigations"]["rows"]:
+        means = {}
+        for mode, folders in row["runs"].items():
+            for f in folders:
+                cfg = _load(out / f / "config.json")
+                assert (cfg["optimizer"], cfg["lr"]) == (row["optimizer"], row["lr"])
+                if mode == "sync-start":
+                    assert cfg["sync_start"] > 0 and cfg["mode"] == "delayed"
+                if mode in ("ef", "dc-asgd"):
+                    assert cfg["correction"] == mode
+            means[mode] = np.mean([_val(out, f) for f in folders])
+        gap = means["delayed"] - means["sync"]
+        for mode in ("ef", "dc-asgd", "sync-start", "sync-cooldown"):
+            assert _close(row[f"{mode}_recovered"]["of_mean_gap"], 100 * (means["delayed"] - means[mode]) / gap, 1e-7)
+
+
+def test_momentum_lr_and_schedule_rows_recomputed(made):
+    out, rep = made
+    parts = _parts(rep)
+    for key in ("momentum", "learning_rate"):
+        for row in parts[key]["rows"]:
+            for mode in ("sync", "delayed"):
+                vals = [_val(out, f) for f in row["runs"][mode]]
+                assert _close(row[mode]["mean"], np.mean(vals))
+                for f in row["runs"][mode]:
+                    cfg = _load(out / f / "config.json")
+                    assert (cfg["lr"], cfg["momentum"], cfg["mode"]) == (row["lr"], row["momentum"], mode)
+    rows = parts["schedules"]["rows"]
+    for row in rows:
+        (name, folders), = row["runs"].items()
+        for f in folders:
+            delay = _load(out / f / "config.json")["delay"]
+            assert (delay if isinstance(delay, list) else [delay if name != "sync" else 0]) == row["delays"]
+        if "vs_2bw" in row:
+            twobw = next(r for r in rows if r["schedule"] == "2bw" and r["optimizer"] == row["optimizer"])
+            diff = [_val(out, a) - _val(out, b) for a, b in zip(folders, twobw["runs"]["2bw"])]
+            assert _close(row["vs_2bw"]["mean"], np.mean(diff))
+            assert _close(row["mean_delay"], np.mean(row["delays"]))
+
+
+def test_toy_numbers_recomputed(made):
+    out, rep = made
+    part = _parts(rep)["toy"]
+    for row in part["rows"]:
+        res = _load(out / row["runs"][0] / "summary.json")
+        ts = [p["T"] for p in res["points"]]
+        measured = [p["measured"] for p in res["points"]]
+        assert _close(row["slope"], np.polyfit(np.log(ts), np.log(measured), 1)[0], 1e-9)
+        assert _close(row["max_ratio"], max(p["measured"] / p["bound"] for p in res["points"]), 1e-9)
+        assert row["holds"] == (all(p["ci"][1] <= p["bound"] for p in res["points"])
+                                and res["slope"] <= res["exponent"] + res["tolerance"])
+
+
+def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_path):
+    from delaylab.llm.sweep import run_cell
+    from delaylab.llm.train import TrainConfig, train
+    from delaylab.reproduce import plan as P
+    from delaylab.reproduce.presets import get_preset
+
+    out, rep = made
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    p = get_preset("ci")
+    grid = P.grid(p)
+    gone, stopped = grid[0], grid[-1]
+    shutil.rmtree(copy / gone.folder)                      # never run
+    shutil.rmtree(copy / stopped.folder)                   # killed half way: a checkpoint, no summary
+    cfg = stopped.cell.config(TrainConfig.from_dict(stopped.base))
+    train(cfg, copy / stopped.folder, stop_at=cfg.steps // 2)
+    assert not (copy / stopped.folder / "summary.json").exists()
+    toy_run = P.toy(p)["cost"][0]
+    shutil.rmtree(copy / toy_run.folder)
+    again = reproduce("ci", copy, jobs=1, progress=False)
+    assert again["session"]["computed"] == 3
+    assert again["session"]["read"] == again["session"]["runs"] - 3
+
+    def strip(r):
+        r = json.loads(json.dumps(r))
+        r.pop("session"), r.pop("out"), r.pop("command")
+        for part in r["parts"]:
+            part["commands"] = [c.replace(str(copy), "DIR") for c in part["commands"]]
+        return r
+
+    first = {**rep, "parts": [{**p_, "commands": [c.replace(str(out), "DIR") for c in p_["commands"]]}
+                              for p_ in rep["parts"]]}
+    assert strip(again) == strip(first)
+    assert run_cell(stopped.base, stopped.cell, str(copy / stopped.folder))["val_loss"] == _val(out, stopped.folder)
+
+
+def test_cli_json_reads_a_finished_report(made, capsys):
+    from delaylab.cli import main
+
+    out, rep = made
+    assert main(["reproduce", "--preset", "ci", "--out", str(out), "--json"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(printed)
+    assert printed.count("\n") == 1
+    assert result["session"]["computed"] == 0 and result["session"]["read"] == rep["session"]["runs"]
+    assert result["summary"] == rep["summary"]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    from delaylab.cli import main
+
+    assert main(["reproduce", "--preset", "nope", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown preset 'nope'" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "--preset", "ci", "--out", str(tmp_path / "x"), "--jobs", "0"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    folder = tmp_path / "other"
+    folder.mkdir()
+    (folder / "reproduce.json").write_text(json.dumps({"name": "cpu-small"}))
+    assert main(["reproduce", "--preset", "ci", "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another grid" in err
+    assert not (folder / "llm").exists()
