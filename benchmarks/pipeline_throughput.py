@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     Ms = [int(m) for m in args.microbatches.split(",")]
 
-    from delaylab.llm.pipeline.engine import PipelineConfig, run_jobs
+    from delaylab.llm.pipeline.engine import PipelineConfig
+    from delaylab.llm.pipeline.launch import run_jobs
     from delaylab.llm.pipeline.simulator import Costs, simulate
     from delaylab.llm.pipeline.schedules import Schedule
     from delaylab.llm.pipeline.timeline import Timeline
@@ -142,7 +143,7 @@ def _figures(folder: Path, tl: dict, M: int, args, P: int) -> None:
 
     from delaylab.llm.pipeline.schedules import Schedule
     from delaylab.llm.pipeline.simulator import Costs, simulate
-    from delaylab.llm.pipeline.timeline import Timeline, plot_timeline
+    from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
 
     folder.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(11, 8), layout="constrained")
@@ -161,7 +162,7 @@ def _figures(folder: Path, tl: dict, M: int, args, P: int) -> None:
     fig.savefig(folder / "pipeline_schedules.png", dpi=110)
 
     fig = Figure(figsize=(11, 6.5), layout="constrained")
-    axes = fig.subplots(4, 1)
+    axes = fig.subplots(4, 1, sharex=True)
     for ax, sched, kind in zip(axes, ["2bw", "2bw", "1f1b", "1f1b"], ["measured", "simulated"] * 2):
         real = tl[(0, M, sched)]
         head = Timeline([[e for e in evs if (e.n if e.op == "U" else e.n // M) < 4] for evs in real.events])
@@ -169,13 +170,12 @@ def _figures(folder: Path, tl: dict, M: int, args, P: int) -> None:
             head = simulate(Schedule(sched, P, M, 4), Costs.measured(real))
         else:  # start the clock at 0 like the simulation
             t0 = min(e.ready for evs in head.events for e in evs)
-            from delaylab.llm.pipeline.timeline import Event
             head = Timeline([[Event(e.stage, e.op, e.n, e.ready - t0, e.start - t0, e.end - t0) for e in evs]
                              for evs in head.events])
         plot_timeline(head, ax=ax, microbatches=M,
                       title=f"{sched}, P={P}, M={M}, {args.preset} preset: {kind}"
                       + (" from the costs measured in the run above" if kind == "simulated" else " (engine clock)"))
-        ax.set_xlabel("seconds")
+        ax.set_xlabel("seconds" if ax is axes[-1] else "")
     fig.savefig(folder / "pipeline_timeline.png", dpi=110)
 
 

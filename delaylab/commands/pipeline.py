@@ -68,7 +68,8 @@ def _show_schedule(cfg) -> int:
 
 
 def cmd_pipeline(args) -> int:
-    from delaylab.llm.pipeline.engine import PipelineFailed, check_folder, run_rank, train_pipeline
+    from delaylab.llm.pipeline.engine import run_rank
+    from delaylab.llm.pipeline.launch import PipelineFailed, check_folder, train_pipeline
 
     if args.resume:
         folder = Path(args.resume)

@@ -9,7 +9,7 @@ leaves nothing to round differently, so max |diff| is exactly 0.
 
 import pytest
 
-from delaylab.llm.pipeline.engine import run_jobs
+from delaylab.llm.pipeline.launch import run_jobs
 
 from pipeline_helpers import load_model, max_abs_diff, reference_model, small
 

@@ -49,6 +49,7 @@ def test_killed_rank_ends_every_other_rank_within_60s_naming_it(tmp_path, victim
             rc = p.wait(timeout=60)
             elapsed = time.time() - killed
             msg = (tmp_path / f"rank{r}.err").read_text()
+            print(f"rank {r} exited {elapsed:.2f} s after rank {victim} was killed")
             assert rc == 1, msg
             assert elapsed < 60
             assert f"rank {r} (stage {r}) stopped: rank {victim} failed" in msg, msg

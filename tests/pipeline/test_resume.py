@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from delaylab.llm.pipeline.checkpoint import latest_complete, stage_path, steps_on_disk
-from delaylab.llm.pipeline.engine import train_pipeline
+from delaylab.llm.pipeline.launch import train_pipeline
 from pipeline_helpers import load_model, max_abs_diff, small
 
 pytestmark = pytest.mark.dist

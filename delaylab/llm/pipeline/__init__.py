@@ -3,7 +3,8 @@
 - :mod:`~delaylab.llm.pipeline.schedules`: the schedules as pure per-stage action lists.
 - :mod:`~delaylab.llm.pipeline.simulator`: an event-driven replay of them with per-action costs.
 - :mod:`~delaylab.llm.pipeline.timeline`: batch time and bubble fraction from either source.
-- ``stages``, ``p2p``, ``executor``, ``engine``: the multi-process engine (imports torch).
+- ``stages``, ``p2p``, ``executor``, ``checkpoint``, ``engine``, ``launch``: the multi-process
+  engine (these import torch); ``profile``: per-stage costs measured on one device.
 """
 
 from delaylab.llm.pipeline.schedules import SCHEDULES, Action, Schedule, check_config

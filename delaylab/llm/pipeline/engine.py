@@ -1,9 +1,8 @@
-"""The multi-process engine: its configuration, the body of one rank, and the launcher.
+"""The multi-process engine: its configuration and the body of one rank.
 
-``train_pipeline(cfg, out)`` spawns ``cfg.stages`` ranks through torch's elastic launcher
-(the API behind ``torchrun``) and returns the last stage's summary. Under ``torchrun`` each
-rank calls :func:`run_rank` itself (``delaylab llm pipeline`` does that when it finds
-torchrun's environment). Backend: NCCL when CUDA is available (one GPU per rank), else gloo.
+Each rank runs :func:`run_rank` (``launch.py`` spawns them through torch's elastic launcher;
+under ``torchrun``, ``delaylab llm pipeline`` calls it directly). Backend: NCCL when CUDA is
+available (one GPU per rank), else gloo.
 
 Failure handling: the process group's timeout is ``cfg.timeout`` (60 s by default, not
 torch's 30 minutes). A rank whose peer dies sees the broken connection at its next
@@ -17,7 +16,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,10 +37,6 @@ PIPELINE_FIELDS = ("pipeline", "stages", "microbatches", "timeout")
 # torch.distributed.pipelining's own synchronous schedules on the same stages: the baseline.
 TORCH_SCHEDULES = {"torch-1f1b": "1f1b", "torch-gpipe": "gpipe"}
 FAILURE = "failure.json"  # written by the rank that reported the first failure
-
-
-class PipelineFailed(RuntimeError):
-    """A rank of the pipeline failed; the message names it."""
 
 
 @dataclass
@@ -119,7 +113,8 @@ def _device(cfg: PipelineConfig, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def _optimizer_factory(cfg: PipelineConfig):
+def optimizer_factory(cfg: PipelineConfig):
+    """``make(module, tau)``: a stage's optimizer, with EF at the stage's lag ``tau`` if asked."""
     from delaylab.optim import Delayed, build_optimizer
 
     hp = dict(lr=cfg.resolved_lr(), momentum=cfg.momentum, weight_decay=cfg.weight_decay)
@@ -250,7 +245,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
     extra = {"torch_schedule": cfg.pipeline} if cfg.pipeline in TORCH_SCHEDULES else {}
     ex = (TorchScheduleExecutor if extra else StageExecutor)(
         stage, schedule, P2P(shape, torch.float32, device), **extra,
-        make_optimizer=_optimizer_factory(cfg), lr_lambda=lambda k: lr_factor(k, cfg), batch=batch,
+        make_optimizer=optimizer_factory(cfg), lr_lambda=lambda k: lr_factor(k, cfg), batch=batch,
         amp=lambda: autocast(device), on_update=on_update,
         seed_for=(lambda n: cfg.seed * 1_000_003 + n * 7919 + rank) if model_cfg.dropout > 0 else None,
         sync_timing=device.type == "cuda",
@@ -390,108 +385,3 @@ def _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_p
     if summary["status"] == "finished":
         write_json(out / "summary.json", summary)
     return summary
-
-
-# ------------------------------------------------------------------------------------------------
-# The launcher
-
-
-def _entry(cfg_dict: dict, out: str, resume: bool, stop_at: int | None):
-    return run_rank(PipelineConfig.from_dict(cfg_dict), out, resume, stop_at)
-
-
-def _entry_jobs(jobs: list[tuple[dict, str, bool]]):
-    first = PipelineConfig.from_dict(jobs[0][0]).validate()
-    device = _device(first, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=first.timeout))
-    results = [run_rank(PipelineConfig.from_dict(c), out, resume) for c, out, resume in jobs]
-    dist.destroy_process_group()
-    return results
-
-
-def run_jobs(jobs: list[tuple[PipelineConfig, str | os.PathLike]]) -> list[dict]:
-    """Run several pipeline runs back to back in one set of ranks (one start-up for all).
-
-    Every job needs the same number of stages; returns their summaries in order.
-    """
-    if not jobs:
-        return []
-    stages = {cfg.validate().stages for cfg, _ in jobs}
-    if len(stages) != 1:
-        raise ValueError(f"run_jobs needs one stage count for all jobs, got {sorted(stages)}")
-    for cfg, out in jobs:
-        check_folder(cfg, out, resume=False)
-        load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
-        Path(out).mkdir(parents=True, exist_ok=True)
-    P = stages.pop()
-    results = launch(_entry_jobs, P, [(cfg.to_dict(), str(out), False) for cfg, out in jobs])
-    return results[P - 1]
-
-
-def check_folder(cfg: PipelineConfig, out: str | os.PathLike, resume: bool) -> None:
-    """Raise (one line) unless ``out`` can take a new run, or holds a resumable run of ``cfg``."""
-    out = Path(out)
-    if not resume:
-        if any((out / name).exists() for name in ("config.json", "summary.json", "ckpt")):
-            raise ValueError(f"{out} already holds a run: resume it or choose another output folder")
-        return
-    if checkpoint.latest_complete(out / "ckpt", cfg.stages) is None:
-        raise FileNotFoundError(f"no complete pipeline checkpoint to resume in {out / 'ckpt'}")
-    saved = out / "config.json"
-    if saved.is_file():
-        _check_same_run(cfg, json.loads(saved.read_text()), out)
-
-
-def train_pipeline(cfg: PipelineConfig, out: str | os.PathLike, *, resume: bool = False,
-                   stop_at: int | None = None) -> dict:
-    """Spawn one process per stage, run ``cfg`` and return the summary (also in ``out/summary.json``).
-
-    Bad configurations raise ``ValueError`` here, before any process starts; a failed rank
-    raises :class:`PipelineFailed` naming it. ``resume`` and ``stop_at``: see :func:`run_rank`.
-    """
-    cfg.validate()
-    if stop_at is not None and stop_at < 1:
-        raise ValueError(f"stop_at must be >= 1, got {stop_at}")
-    check_folder(cfg, out, resume)
-    # Tokenize (and cache) the data once here, not in every rank.
-    load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / FAILURE).unlink(missing_ok=True)
-    try:
-        results = launch(_entry, cfg.stages, cfg.to_dict(), str(out), resume, stop_at)
-    except PipelineFailed as err:
-        if (out / FAILURE).is_file():
-            first = json.loads((out / FAILURE).read_text())
-            raise PipelineFailed(f"pipeline stopped: rank {first['rank']} failed ({first['reason']})") from None
-        raise err from None
-    return results[cfg.stages - 1]
-
-
-def launch(fn, nprocs: int, *args) -> dict:
-    """Run ``fn(*args)`` in ``nprocs`` ranks through torch's elastic launcher; ``{rank: result}``."""
-    import logging
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    # The ranks report failures themselves (one line each); the agent's tracebacks add nothing.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it; one thread each
-    # A rank that fails leaves with os._exit; multiprocessing's tracker then warns about a
-    # semaphore it cleans up anyway.
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex[:12],
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2,
-        start_method="spawn",
-    )
-    try:
-        return elastic_launch(config, fn)(*args)
-    except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        code = failure.exitcode
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        raise PipelineFailed(f"pipeline stopped: rank {rank} ended first ({how})") from None

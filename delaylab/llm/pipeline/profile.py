@@ -30,14 +30,14 @@ def _sync(device: torch.device) -> None:
 
 def measure_costs(cfg, device: torch.device, repeats: int = 5, link_gbps: float = 100.0) -> Costs:
     """Median seconds of F, B and U per stage of ``cfg`` (a PipelineConfig) for one microbatch."""
-    from delaylab.llm.pipeline.engine import _optimizer_factory
+    from delaylab.llm.pipeline.engine import optimizer_factory
 
     cfg.validate()
     model_cfg = cfg.model_config(256 if cfg.tokenizer == "byte" else cfg.vocab_size)
     torch.manual_seed(cfg.seed)
     model = GPT(model_cfg)
     B, T, d = cfg.batch_size, model_cfg.block_size, model_cfg.d_model
-    make = _optimizer_factory(cfg)
+    make = optimizer_factory(cfg)
     f, b, u = [], [], []
     for s in range(cfg.stages):
         stage = Stage(model, s, cfg.stages).to(device)
