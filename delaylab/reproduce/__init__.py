@@ -25,6 +25,7 @@ from pathlib import Path
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
+GRID_FIELDS = ("llm", "schedules", "toy")  # what decides the runs (names and notes may change)
 
 __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
 
@@ -34,16 +35,16 @@ def _check_folder(p: Preset, out: Path) -> None:
     from delaylab.commands._common import jsonable, write_json
 
     path = out / SPEC
-    spec = jsonable(p.to_dict())
+    spec = jsonable({k: v for k, v in p.to_dict().items() if k in GRID_FIELDS})
     if path.is_file():
         try:
             saved = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise ValueError(f"{path} is not valid JSON; use another --out") from None
-        if saved != spec:
+        if {k: saved.get(k) for k in GRID_FIELDS} != {k: spec[k] for k in GRID_FIELDS}:
             raise ValueError(f"{out} holds a report of another grid (preset {saved.get('name')!r}); use another --out")
     else:
-        write_json(path, spec)
+        write_json(path, {"name": p.name, **spec})
 
 
 def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = None) -> dict:

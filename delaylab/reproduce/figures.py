@@ -61,6 +61,7 @@ def plot_loss_curves(part1: dict, part2: dict, out: Path):
         curves = {m: c for m, c in ((m, _mean_curve(out, f)) for m, f in runs.items()) if c}
         llm_plots.loss_curves(curves, f"{row['optimizer']} (lr {row['lr']:g}): gap {_g(row['gap']['mean'])}", ax=ax)
     fig.suptitle("train loss, sync vs one-step delay vs delay + EF (mean over seeds)", fontsize=10)
+    fig.tight_layout()
     return fig
 
 
@@ -174,7 +175,7 @@ def write(parts: dict, out: Path) -> dict[str, str]:
     written = {}
     for key, (name, make) in figs.items():
         fig = make()
-        fig.savefig(out / name, dpi=110)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
         plt.close(fig)  # no-op for the pyplot-free figures of toy.plots
         written[key] = name
     return written

@@ -91,15 +91,16 @@ _RUN = dict(data="shakespeare", tokenizer="byte", threads=1, progress=False, dev
 PRESETS: dict[str, Preset] = {
     "cpu-small": Preset(
         name="cpu-small",
-        summary="tiny GPT (2 layers, d=64, context 64), 300 updates of 16 sequences, 3 seeds; "
-                "schedules on the 4-layer small GPT; toy rates at T = 100..1600, 8 seeds",
+        summary="tiny GPT (2 layers, d=64, context 64), 300 updates of 16 sequences, 3 seeds; schedules on "
+                "the 4-layer small GPT (d=128, context 64), 200 updates, 2 seeds; toy rates at T = 100..1600, 8 seeds",
         llm=LLMGrid(
             base=dict(preset="tiny", batch_size=16, steps=300, eval_every=100, eval_batches=16,
                       log_every=10, ckpt_every=100, **_RUN),
             optimizers=("adamw", "muon", "lion", "soap", "adan", "mars"),
-            lrs={"adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2), "muon": (0.005, 0.01, 0.02, 0.04, 0.08),
-                 "lion": (1e-4, 3e-4, 1e-3), "soap": (1e-3, 3e-3, 1e-2), "adan": (1e-3, 3e-3, 1e-2),
-                 "mars": (1e-3, 3e-3, 1e-2)},
+            # Centred on each optimizer's best sync lr of a one-seed scan of this config (2026-12-02).
+            lrs={"adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2), "muon": (0.01, 0.02, 0.04, 0.08, 0.16),
+                 "lion": (3e-4, 1e-3, 3e-3), "soap": (3e-3, 1e-2, 3e-2), "adan": (3e-3, 1e-2, 3e-2),
+                 "mars": (3e-3, 1e-2, 3e-2)},
             momentum={"adamw": 0.9, "muon": 0.95},
             momenta={"adamw": (0.8, 0.9, 0.95, 0.98), "muon": (0.8, 0.9, 0.95, 0.98)},
             lr_sweep=("adamw", "muon"),
@@ -107,7 +108,7 @@ PRESETS: dict[str, Preset] = {
             sync_steps=30,
         ),
         schedules=ScheduleGrid(
-            overrides=dict(preset="small", steps=200, eval_every=100, ckpt_every=100),
+            overrides=dict(preset="small", block_size=64, steps=200, eval_every=100, ckpt_every=100),
             optimizers=("adamw", "muon"), lrs={"adamw": 2e-3, "muon": 0.02}, depths=(2, 4), seeds=2,
         ),
         toy=ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectral", "lmo-sign", "lmo-l2"),
