@@ -28,6 +28,7 @@ def jobs_for(P):
         jobs["1f1b-adamw"] = small(pipeline="1f1b", stages=P, microbatches=3, optimizer="adamw")
         # torch.distributed.pipelining's runtime on the same stages, data and optimizer.
         jobs["torch-1f1b-adamw"] = small(pipeline="torch-1f1b", stages=P, microbatches=3, optimizer="adamw")
+        jobs["torch-gpipe-sgd"] = small(pipeline="torch-gpipe", stages=P, microbatches=2, optimizer="sgd")
     return jobs
 
 
@@ -63,7 +64,7 @@ def test_pipedream_equals_per_stage_delays_bitwise(pipeline_runs):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("pipeline_runs", [2], indirect=True, ids=["P2"])
-@pytest.mark.parametrize("name", ["gpipe-muon", "1f1b-adamw", "torch-1f1b-adamw"])
+@pytest.mark.parametrize("name", ["gpipe-muon", "1f1b-adamw", "torch-1f1b-adamw", "torch-gpipe-sgd"])
 def test_sync_schedules_equal_sync_simulator_bitwise(pipeline_runs, name):
     got = _check(pipeline_runs, name)
     # The check tells the semantics apart: the delayed run of the same config differs.
