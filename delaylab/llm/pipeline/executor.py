@@ -47,6 +47,7 @@ class StageExecutor:
     (``loss``: group ``k``'s mean training loss on the last stage, else ``None``).
     ``seed_for(n)``, if given, seeds torch's RNG before forward ``n`` (dropout), so the
     masks depend on the microbatch and stage only and a resumed run draws the same ones.
+    ``events`` (the stage's timeline) covers the first ``record_updates`` updates' actions.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class StageExecutor:
         on_update: Callable[[int, float | None], None] | None = None,
         seed_for: Callable[[int], int] | None = None,
         sync_timing: bool = False,
+        record_updates: int = 100,
     ):
         self.stage, self.schedule, self.p2p = stage, schedule, p2p
         self.index = stage.index
@@ -73,7 +75,7 @@ class StageExecutor:
         self._order = [names[id(p)] for g in self.opt.param_groups for p in g["params"]]
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda)
         self.batch, self.amp, self.on_update, self.seed_for = batch, amp, on_update, seed_for
-        self.sync_timing = sync_timing
+        self.sync_timing, self.record_updates = sync_timing, record_updates
         self.events: list[Event] = []
         self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._loss_sum: dict[int, torch.Tensor] = {}
@@ -83,17 +85,21 @@ class StageExecutor:
 
     # -- the interpreter ------------------------------------------------------------------------
     def run(self) -> None:
-        acts = self.schedule.actions(self.index)
-        pending = self.p2p.post(None, _recv_of(acts[0]))
-        for i, a in enumerate(acts):
+        acts = self.schedule.iter_actions(self.index)
+        a = next(acts)
+        pending = self.p2p.post(None, _recv_of(a))
+        record_until = self.schedule.start + self.record_updates
+        while a is not None:
             ready = self._clock()
             received = self.p2p.wait(pending) if pending is not None else None
             start = self._clock()
             out = self._compute(a, received)
-            nxt = acts[i + 1] if i + 1 < len(acts) else None
+            nxt = next(acts, None)
             send = (out, a.send, a.op, a.n) if a.send is not None else None
             pending = self.p2p.post(send, _recv_of(nxt) if nxt is not None else None)
-            self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock()))
+            if (a.n if a.op == "U" else self.schedule.group(a.n)) < record_until:
+                self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock()))
+            a = nxt
         self.p2p.flush()
 
     def _compute(self, a: Action, received: torch.Tensor | None) -> torch.Tensor | None:
@@ -292,4 +298,5 @@ class TorchScheduleExecutor(StageExecutor):
                 else:
                     runner.step()
             self._update(b)
-            self.events.append(Event(self.index, "U", b, t0, t0, self._clock()))
+            if b < sch.start + self.record_updates:
+                self.events.append(Event(self.index, "U", b, t0, t0, self._clock()))

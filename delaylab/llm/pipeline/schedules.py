@@ -52,7 +52,8 @@ the pipeline simply never computes them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Iterator
 
 SCHEDULES = ("gpipe", "1f1b", "2bw", "pipedream")
 
@@ -91,7 +92,6 @@ class Schedule:
     microbatches: int
     steps: int
     start: int = 0
-    _lists: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_config(self.name, self.stages, self.microbatches)
@@ -99,7 +99,6 @@ class Schedule:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if not 0 <= self.start < self.steps:
             raise ValueError(f"start must be in [0, steps={self.steps}), got {self.start}")
-        object.__setattr__(self, "_lists", tuple(self._build(s) for s in range(self.stages)))
 
     # -- the delay model --------------------------------------------------------------------
     def delay(self, stage: int) -> int:
@@ -134,35 +133,32 @@ class Schedule:
 
     # -- the action lists ---------------------------------------------------------------------
     def actions(self, stage: int) -> list[Action]:
+        return list(self.iter_actions(stage))
+
+    def iter_actions(self, stage: int) -> Iterator[Action]:
+        """Stage ``stage``'s actions in order, generated lazily (a long run has millions)."""
         if not 0 <= stage < self.stages:
             raise ValueError(f"stage must be in [0, {self.stages}), got {stage}")
-        return list(self._lists[stage])
+        return (self._action(stage, op, n) for op, n in self._order(stage))
 
-    def _mbs(self, first_group: int, end_group: int) -> list[int]:
+    def _order(self, s: int) -> Iterator[tuple[str, int]]:
         M = self.microbatches
-        return list(range(first_group * M, end_group * M))
-
-    def _build(self, s: int) -> tuple[Action, ...]:
-        P, M = self.stages, self.microbatches
-        w = P - 1 - s  # forwards in flight at stage s in 1F1B order
+        w = self.stages - 1 - s  # forwards in flight at stage s in 1F1B order
         if self.name in ("gpipe", "1f1b"):
-            order: list[tuple[str, int]] = []
             for b in self.updates():
-                mbs = self._mbs(b, b + 1)
+                mbs = range(b * M, (b + 1) * M)
                 if self.name == "gpipe":
-                    order += [("F", n) for n in mbs] + [("B", n) for n in mbs]
+                    yield from (("F", n) for n in mbs)
+                    yield from (("B", n) for n in mbs)
                 else:
-                    order += _interleave(mbs, mbs, min(w, M))
-                order.append(("U", b))
+                    yield from _interleave(mbs, mbs, min(w, M))
+                yield ("U", b)
         else:  # flush-free: one warm-up and one cool-down for the whole run
-            mbs = self._mbs(self.start, self.steps)
-            order = []
-            last_of_group = {self.group(n): n for n in mbs}
+            mbs = range(self.start * M, self.steps * M)
             for op, n in _interleave(mbs, mbs, min(w, len(mbs))):
-                order.append((op, n))
-                if op == "B" and last_of_group[self.group(n)] == n:
-                    order.append(("U", self.group(n)))
-        return tuple(self._action(s, op, n) for op, n in order)
+                yield (op, n)
+                if op == "B" and n % M == M - 1:  # the group's last backward
+                    yield ("U", self.group(n))
 
     def _action(self, s: int, op: str, n: int) -> Action:
         P = self.stages
@@ -180,19 +176,18 @@ class Schedule:
             + (f" start={self.start}" if self.start else "")
             + f" delays={self.delays()}"
         )
-        rows = [f"stage {s}: " + " ".join(map(str, self._lists[s])) for s in range(self.stages)]
+        rows = [f"stage {s}: " + " ".join(map(str, self.iter_actions(s))) for s in range(self.stages)]
         return "\n".join([head, *rows])
 
 
-def _interleave(fwd: list[int], bwd: list[int], warmup: int) -> list[tuple[str, int]]:
+def _interleave(fwd: range, bwd: range, warmup: int) -> Iterator[tuple[str, int]]:
     """1F1B order: ``warmup`` forwards, then one forward and one backward in turn, then the rest."""
-    order = [("F", n) for n in fwd[:warmup]]
+    yield from (("F", n) for n in fwd[:warmup])
     rest = fwd[warmup:]
     for i, n in enumerate(bwd):
         if i < len(rest):
-            order.append(("F", rest[i]))
-        order.append(("B", n))
-    return order
+            yield ("F", rest[i])
+        yield ("B", n)
 
 
 def check_config(name: str, stages: int, microbatches: int, n_layer: int | None = None) -> None:
