@@ -25,6 +25,7 @@ def run_cli(argv) -> int:
         (["--correction", "dc-asgd"], "supports correction none or ef"),
         (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
         (["--stages", "0"], "must be >= 1"),
+        (["--device", "cuda:1"], "places rank r on cuda:r"),
         (["--resume", "nowhere"], "no run to resume in nowhere"),
     ],
 )

@@ -92,6 +92,11 @@ class PipelineConfig(TrainConfig):
             raise ValueError("sync_start / sync_cooldown are not supported by the pipeline engine")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"the pipeline places rank r on cuda:r; use device auto, cuda or cpu, not {self.device!r}")
+        gpus = torch.cuda.device_count() if self.device != "cpu" else 0
+        if self.device == "cuda" and gpus < self.stages or self.device == "auto" and 0 < gpus < self.stages:
+            raise ValueError(f"{self.stages} stages need {self.stages} GPUs, found {gpus} (or use device cpu)")
         super().validate()
         return self
 
@@ -108,8 +113,6 @@ class PipelineConfig(TrainConfig):
 def _device(cfg: PipelineConfig, local_rank: int) -> torch.device:
     if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    if cfg.device not in ("auto", "cuda"):
-        raise ValueError(f"the pipeline places rank r on cuda:r; use device auto, cuda or cpu, not {cfg.device!r}")
     return torch.device("cuda", local_rank)
 
 
