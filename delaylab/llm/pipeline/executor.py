@@ -132,6 +132,14 @@ class StageExecutor:
 
     def _backward(self, a: Action, received):
         x, out = self._stash.pop(a.n)
+        M = self.schedule.microbatches
+        if self.stage.last and a.n % M == M - 1:
+            # The group's loss is complete: check it before its last gradient leaves this
+            # stage, so no stage can apply the update (one host sync per batch).
+            k = self.schedule.group(a.n)
+            loss = float(self._loss_sum[k]) / M
+            if not math.isfinite(loss):
+                raise Diverged(f"loss is {loss} at update {k}")
         if self.stage.last:
             out.backward()
         else:
@@ -139,11 +147,7 @@ class StageExecutor:
         return x.grad if a.send is not None else None
 
     def _update(self, k: int) -> None:
-        loss = None
-        if self.stage.last:
-            loss = float(self._loss_sum.pop(k)) / self.schedule.microbatches
-            if not math.isfinite(loss):  # before stepping: the weights stay good
-                raise Diverged(f"loss is {loss} at update {k}")
+        loss = float(self._loss_sum.pop(k)) / self.schedule.microbatches if self.stage.last else None
         n = len(self.slots)
         target = self.slots[(k + 1) % n]  # holds V_{k-tau} and g_k
         if n > 1:
@@ -295,6 +299,8 @@ class TorchScheduleExecutor(StageExecutor):
                     losses: list[torch.Tensor] = []
                     runner.step(target=torch.cat([y for _, y in data]), losses=losses)
                     self._loss_sum[b] = sum(loss.detach() for loss in losses) * M
+                    if not math.isfinite(float(self._loss_sum[b])):  # too late to stop the others
+                        raise Diverged(f"loss is {float(self._loss_sum[b]) / M} at update {b}")
                 else:
                     runner.step()
             self._update(b)
