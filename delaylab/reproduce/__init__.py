@@ -25,6 +25,7 @@ from pathlib import Path
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
+SESSIONS = "sessions.jsonl"  # one line per invocation: when, how long, how many runs computed / read
 GRID_FIELDS = ("llm", "schedules", "toy")  # what decides the runs (names and notes may change)
 
 __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
@@ -64,7 +65,10 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     counts = runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress)
     session = {"date": start.isoformat(timespec="seconds"), "jobs": jobs, "cpus": os.cpu_count(),
                "load_start": None if load is None else round(load, 2), **counts}
-    rep = report.build(p, out, session)
+    with open(out / SESSIONS, "a") as f:
+        f.write(json.dumps(session) + "\n")
+    sessions = [json.loads(line) for line in (out / SESSIONS).read_text().splitlines() if line.strip()]
+    rep = report.build(p, out, sessions)
     write_json(out / "report.json", rep)
     (out / "report.md").write_text(report.markdown(rep))
     return rep

@@ -80,7 +80,8 @@ def plot_mitigations(part2: dict, ax=None):
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(rows))]
         ys = [r[key]["mean"] if r[key]["mean"] is not None else math.nan for r in rows]
         err = [r[key]["std"] or 0.0 for r in rows]
-        ax.bar(xs, ys, width, yerr=err, capsize=2, color=FIX_COLORS.get(mode), label=mode if mode != "delayed" else "delayed (no fix)")
+        label = "delayed (no fix)" if mode == "delayed" else mode
+        ax.bar(xs, ys, width, yerr=err, capsize=2, color=FIX_COLORS.get(mode), label=label)
     ax.set_xticks(range(len(rows)), [r["optimizer"] for r in rows])
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel("val loss - sync val loss")
@@ -121,8 +122,8 @@ def plot_learning_rate(part4: dict):
         by_opt.setdefault(r["optimizer"], []).append(r)
     fig, axes = _subplots(len(by_opt), ncols=len(by_opt), w=4.5, h=3.5)
     for ax, (o, rs) in zip(axes, by_opt.items()):
-        llm_plots.loss_vs_lr({m: [(r["lr"], r[m]["mean"], r[m]["std"] or 0.0) for r in rs] for m in ("sync", "delayed")},
-                             f"{o}: final val loss vs peak lr", ax=ax)
+        pts = {m: [(r["lr"], r[m]["mean"], r[m]["std"] or 0.0) for r in rs] for m in ("sync", "delayed")}
+        llm_plots.loss_vs_lr(pts, f"{o}: final val loss vs peak lr", ax=ax)
         for r in rs:
             if r["delayed"]["diverged"]:
                 ax.annotate("diverged", (r["lr"], ax.get_ylim()[1]), ha="center", va="top", fontsize=7, color="tab:red")
@@ -165,7 +166,8 @@ def plot_toy(part6: dict, out: Path):
 def write(parts: dict, out: Path) -> dict[str, str]:
     """Every figure as ``out/repro_<name>.png``; returns ``{part key: file name}``."""
     figs = {
-        "optimizers": ("repro_loss_curves.png", lambda: plot_loss_curves(parts["optimizers"], parts["mitigations"], out)),
+        "optimizers": ("repro_loss_curves.png",
+                       lambda: plot_loss_curves(parts["optimizers"], parts["mitigations"], out)),
         "mitigations": ("repro_gap_mitigations.png", lambda: plot_mitigations(parts["mitigations"])),
         "momentum": ("repro_gap_vs_momentum.png", lambda: plot_momentum(parts["momentum"])),
         "learning_rate": ("repro_loss_vs_lr.png", lambda: plot_learning_rate(parts["learning_rate"])),

@@ -147,6 +147,7 @@ def _unique(runs: list) -> list:
         if prev is None:
             seen[r.folder] = r
             out.append(r)
-        elif getattr(prev, "base", None) != getattr(r, "base", None) or getattr(prev, "kwargs", None) != getattr(r, "kwargs", None):
+        elif (getattr(prev, "base", None), getattr(prev, "kwargs", None)) != (getattr(r, "base", None),
+                                                                               getattr(r, "kwargs", None)):
             raise AssertionError(f"two configurations for {r.folder}")
     return out

@@ -15,6 +15,7 @@ from delaylab.reproduce import plan as P
 from delaylab.reproduce.presets import Preset
 
 REPORT_VERSION = 1
+YES = {True: "yes", False: "no", None: "n/a"}
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -54,7 +55,8 @@ def _sweep_command(variant: str, base: dict, runs: list, out: str) -> list[str]:
                           {o: m for o, m in moms.items() if m != [None]}, len(seeds))
         if {c.name for c in grid} != {r.cell.name for r in rs} or len(grid) != len(rs):
             return None
-        parts = ["delaylab llm sweep", *train_flags(base), f"--optimizers {','.join(opts)}", f"--modes {','.join(modes)}"]
+        parts = ["delaylab llm sweep", *train_flags(base), f"--optimizers {','.join(opts)}",
+                 f"--modes {','.join(modes)}"]
         parts += [f"--lrs {o}={','.join(f'{x:g}' for x in lrs[o])}" for o in opts]
         parts += [f"--momentum {o}={','.join(f'{x:g}' for x in moms[o])}" for o in opts if moms[o] != [None]]
         parts += [f"--seeds {len(seeds)}", "--jobs 2", f"--out {out}/llm/{variant}"]
@@ -107,7 +109,8 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
 # -- the report ---------------------------------------------------------------------------------------
 
 
-def build(p: Preset, out: Path, session: dict | None = None) -> dict:
+def build(p: Preset, out: Path, sessions: list[dict] | None = None) -> dict:
+    """The report of the runs in ``out``; ``sessions``: the invocations that made them (the last is this one)."""
     parts = {f.__name__: f(p, out) for f in findings.FINDINGS}
     figs = figures.write(parts, out)
     cmds = commands(p, out)
@@ -118,7 +121,8 @@ def build(p: Preset, out: Path, session: dict | None = None) -> dict:
                 "reproduced": part["reproduced"], "theory_agrees": part["theory_agrees"]} for part in parts.values()]
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
-            "summary": summary, "parts": list(parts.values()), "session": session or {}}
+            "summary": summary, "parts": list(parts.values()), "sessions": sessions or [],
+            "session": (sessions or [{}])[-1]}
 
 
 # -- Markdown -----------------------------------------------------------------------------------------
@@ -143,7 +147,8 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def _pred_text(pred: dict) -> str:
     if pred.get("kind") == "lmo":
-        return f"LMO: penalty {pred['relative_penalty']:.3f} (beta {pred['beta']:g}{', Nesterov' if pred['nesterov'] else ''})"
+        nesterov = ", Nesterov" if pred["nesterov"] else ""
+        return f"LMO: penalty {pred['relative_penalty']:.3f} (beta {pred['beta']:g}{nesterov})"
     if pred.get("kind") == "adam":
         return f"Adam-type: stable range /{pred['stable_shrink']:.0f} (beta1 {pred['beta']:g})"
     return "none"
@@ -187,23 +192,27 @@ def _part_table(part: dict) -> list[str]:
         lines = _table(["problem", "method", "mode"] + [f"measured/bound T={t}" for t in ts]
                        + ["slope", "bound exponent", "holds"],
                        [[r["problem"], r["method"], _mode(r)] + [_n(x, ".2f") for x in r["ratios"]]
-                        + [f"{r['slope']:.3f}", f"{r['exponent']:.3f}", {True: "yes", False: "NO", None: "n/a"}[r["holds"]]]
+                        + [f"{r['slope']:.3f}", f"{r['exponent']:.3f}", YES[r["holds"]]]
                         for r in rows])
         c = part["cost"]
         lines += ["", f"Delay cost on {c['problem']} ({c['method']}, T = {c['T']}, {c['seeds']} seeds), relative gap "
                       "(delayed - sync) / sync, measured and the bound's:", ""]
         lines += _table(["sweep", "eta", "beta", "measured", "bound: delay term / sync bound"],
                         [[{"eta_sweep": "eta (beta fixed)", "beta_sweep": f"beta (eta {c['beta_sweep_eta']})"}[name],
-                          f"{r['eta']:.3g}", f"{r['beta']:g}", f"{100 * r['relative_gap']:+.2f}%",
-                          "n/a" if r["predicted_relative_gap"] is None else f"+{100 * r['predicted_relative_gap']:.2f}%"]
+                          f"{r['eta']:.3g}", f"{r['beta']:g}", _signed_pct(r["relative_gap"]),
+                          _signed_pct(r["predicted_relative_gap"])]
                          for name in ("eta_sweep", "beta_sweep") for r in c[name]])
         if part["ef"]:
             lines += ["", "EF on the toy problem: its condition (delta_bar < 2/3) against what EF did:", ""]
             lines += _table(["method", "delta_bar", "EF recovers", "predicted to help", "helped"],
                             [[r["method"], f"{r['delta_bar']:.2f}", f"{r['ef_recovers_pct']:.0f}%",
-                              "yes" if r["predicted_helps"] else "no", "yes" if r["helps"] else "no"] for r in part["ef"]])
+                              YES[r["predicted_helps"]], YES[r["helps"]]] for r in part["ef"]])
         return lines
     return []
+
+
+def _signed_pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:+.2f}%"
 
 
 def _mode(r: dict) -> str:
@@ -221,12 +230,10 @@ def summary_table(report: dict) -> list[str]:
 def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
              f"{report['preset_summary']}.", "", f"Made by `{report['command']}`.", ""]
-    s = report.get("session") or {}
-    if s:
-        lines += [f"Session: {s.get('date', '?')}, {s.get('runs', '?')} runs ({s.get('computed', '?')} computed, "
-                  f"{s.get('read', '?')} read from the folder), {s.get('seconds', 0) / 60:.1f} min wall time with "
-                  f"{s.get('jobs', '?')} runs at a time on {s.get('cpus', '?')} CPUs (load average at start "
-                  f"{s.get('load_start', '?')}).", ""]
+    for s in report.get("sessions") or []:
+        lines += [f"Session {s['date']}: {s['runs']} runs ({s['computed']} computed, {s['read']} read from the "
+                  f"folder) in {s['seconds'] / 60:.1f} min wall time, {s['jobs']} runs at a time on {s['cpus']} "
+                  f"CPUs (load average at start {s['load_start']}).", ""]
     lines += ["All GPT numbers are final validation losses (mean ± std over seeds; a gap is delayed - sync "
               "computed per seed, since the two runs of a seed share init and batches). A gap is resolved "
               "when its 95% t-interval over seeds excludes 0.", "", "## Summary", ""]
