@@ -62,11 +62,19 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     load_dataset(base.get("data", "shakespeare"), base.get("tokenizer", "byte"))  # tokenize once, not per worker
     start = datetime.datetime.now().astimezone()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    counts = runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress)
-    session = {"date": start.isoformat(timespec="seconds"), "jobs": jobs, "cpus": os.cpu_count(),
-               "load_start": None if load is None else round(load, 2), **counts}
-    with open(out / SESSIONS, "a") as f:
-        f.write(json.dumps(session) + "\n")
+    counts: dict = {}
+    status = "interrupted"
+    try:
+        runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress, counts=counts)
+        status = "finished"
+    except runner.RunFailed:
+        status = "failed"
+        raise
+    finally:  # every session is kept, so a report resumed after a kill shows all the time it took
+        session = {"date": start.isoformat(timespec="seconds"), "status": status, "jobs": jobs,
+                   "cpus": os.cpu_count(), "load_start": None if load is None else round(load, 2), **counts}
+        with open(out / SESSIONS, "a") as f:
+            f.write(json.dumps(session) + "\n")
     sessions = [json.loads(line) for line in (out / SESSIONS).read_text().splitlines() if line.strip()]
     rep = report.build(p, out, sessions)
     write_json(out / "report.json", rep)

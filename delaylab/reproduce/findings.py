@@ -52,6 +52,46 @@ def _resolved(s: dict | None) -> bool:
     return bool(s and s["ci"] is not None and s["diverged"] == 0 and s["n"] > 1 and s["ci"][0] > 0)
 
 
+def _sign(s: dict | None) -> int:
+    """+1 / -1 where the 95% interval of a per-seed difference excludes zero, 0 where it does not."""
+    if not s or s["ci"] is None or s["n"] < 2 or s["diverged"]:
+        return 0
+    return 1 if s["ci"][0] > 0 else -1 if s["ci"][1] < 0 else 0
+
+
+def _gap_diff(a: dict, b: dict) -> dict:
+    """Per-seed difference of two rows' gaps (every row has seeds 0..n-1, so they pair up)."""
+    va, vb = a["gap"]["values"], b["gap"]["values"]
+    return stats([None if x is None or y is None else x - y for x, y in zip(va, vb)])
+
+
+def _order(pairs: list[tuple[dict, dict]]) -> dict:
+    """How many (larger, smaller) pairs of rows have the first gap larger: by the mean, and
+    resolved at 95% (the per-seed difference's interval) either way."""
+    diffs = [_gap_diff(a, b) for a, b in pairs]
+    return {"n": len(pairs), "by_mean": sum((d["mean"] or 0) > 0 for d in diffs),
+            "resolved": sum(_sign(d) > 0 for d in diffs), "resolved_against": sum(_sign(d) < 0 for d in diffs)}
+
+
+def _order_text(o: dict, what: str) -> str:
+    return (f"{o['by_mean']}/{o['n']} {what} by the mean ({o['resolved']} resolved at 95%, "
+            f"{o['resolved_against']} resolved the other way)")
+
+
+def _order_state(o: dict) -> str:
+    """yes: every pair resolved in the predicted order; partly: some are and none is resolved the
+    other way; no: otherwise (n.a. without pairs)."""
+    if not o["n"]:
+        return "n.a."
+    if o["resolved"] == o["n"]:
+        return "yes"
+    return "partly" if o["resolved"] and not o["resolved_against"] else "no"
+
+
+def _order_agree(o: dict) -> bool | None:
+    return True if _order_state(o) == "yes" else False if o["resolved_against"] else None
+
+
 def _by_seed(rows: list[dict], **match) -> dict[int, dict]:
     return {r["seed"]: r for r in rows if all(r[k] == v for k, v in match.items())}
 
@@ -87,9 +127,12 @@ def _agg(flags: list) -> str:
     return _tristate(sum(flags), len(flags))
 
 
+THEORY_SAYS = {"yes": "Theory agrees", "partly": "Theory agrees in part", "no": "Theory disagrees",
+               "n.a.": "Theory has nothing to compare"}
+
+
 def _theory_says(ok: int, n: int) -> str:
-    return {"yes": "Theory agrees", "partly": "Theory agrees in part", "no": "Theory disagrees",
-            "n.a.": "Theory has nothing to compare"}[_tristate(ok, n)]
+    return THEORY_SAYS[_tristate(ok, n)]
 
 
 def _fmt(x, spec="+.3f") -> str:
@@ -133,37 +176,38 @@ def optimizers(p: Preset, out: Path) -> dict:
         row["paper_gap"] = None if paper is None else paper[1] - paper[0]
         table.append(row)
     gap = {r["optimizer"]: r["gap"]["mean"] for r in table}
+    by = {r["optimizer"]: r for r in table}
     kinds = {r["optimizer"]: r["prediction"]["kind"] for r in table}
-    paper = [_key(gap[d]) > _key(gap[r]) for d in PAPER_DEGRADES for r in PAPER_ROBUST if d in gap and r in gap]
-    theory = [_key(gap[a]) > _key(gap[b]) for a in gap for b in gap if kinds[a] == "adam" and kinds[b] == "lmo"]
+    paper = _order([(by[d], by[r]) for d in PAPER_DEGRADES for r in PAPER_ROBUST if d in by and r in by])
+    theory = _order([(by[a], by[b]) for a in by for b in by if kinds[a] == "adam" and kinds[b] == "lmo"])
     listing = ", ".join(f"{o} {_fmt(v)}" for o, v in gap.items())
     lmo = ", ".join(f"{r['optimizer']} {r['prediction']['relative_penalty']:.3f}" for r in table
                     if kinds[r["optimizer"]] == "lmo")
     adam = ", ".join(f"{r['optimizer']} {r['prediction']['stable_shrink']:.0f}x" for r in table
                      if kinds[r["optimizer"]] == "adam")
+    paper_text = _order_text(paper, "(degrading, robust) pairs in the paper's order")
+    theory_text = _order_text(theory, "(Adam-type, LMO) pairs with the larger gap on the Adam-type side")
     verdicts = [
         _verdict("AdamW and MARS degrade under a one-step delay; Muon, SOAP, Lion and Adan far less",
-                 "paper: gap(degrading) > gap(robust) for every pair", f"{sum(paper)} of {len(paper)} pairs",
-                 None if not paper else all(paper),
-                 f"Reproduced: {_tristate(sum(paper), len(paper))} ({sum(paper)}/{len(paper)} (degrading, robust) "
-                 f"pairs ordered as in the paper; gaps {listing})."),
+                 "paper: gap(degrading) > gap(robust) for every pair", paper_text,
+                 _order_agree(paper), f"Reproduced: {_order_state(paper)}: {paper_text}; gaps {listing}."),
         _verdict("LMO methods (Muon, Lion) are less delay-sensitive than Adam-type ones",
                  f"theory: LMO relative penalty {lmo or '-'}; Adam-type stable range shrinks {adam or '-'}",
-                 f"{sum(theory)} of {len(theory)} (Adam-type, LMO) pairs have the larger gap on the Adam-type side",
-                 None if not theory else all(theory),
-                 f"{_theory_says(sum(theory), len(theory))}: {sum(theory)}/{len(theory)} (Adam-type, LMO) pairs "
-                 "have the larger gap on the Adam-type side."),
+                 theory_text, _order_agree(theory),
+                 f"{THEORY_SAYS[_order_state(theory)]}: {theory_text}."),
     ]
-    if gap.get("adamw") is not None and gap.get("muon") is not None:
+    if "adamw" in by and "muon" in by and gap["adamw"] is not None and gap["muon"] is not None:
         a, m = gap["adamw"], gap["muon"]
         paper_ratio = (PAPER_LOSSES["adamw"][1] - PAPER_LOSSES["adamw"][0]) / (
             PAPER_LOSSES["muon"][1] - PAPER_LOSSES["muon"][0])
         ratio = f"{a / m:.1f}x" if m > 0 else "n/a"
+        d = _gap_diff(by["adamw"], by["muon"])
+        sign = _sign(d)
         verdicts.append(_verdict(
             "AdamW +0.278 vs Muon +0.012 at 360M", f"paper: AdamW's gap {paper_ratio:.0f}x Muon's",
-            f"AdamW {a:+.3f} vs Muon {m:+.3f} ({ratio})", a > m,
-            f"AdamW's gap is {'larger' if a > m else 'not larger'} than Muon's: {a:+.3f} vs {m:+.3f} "
-            f"({ratio}; paper {paper_ratio:.0f}x)."))
+            f"AdamW {a:+.3f} vs Muon {m:+.3f} ({ratio}); difference {_fmt(d['mean'])}", None if not sign else sign > 0,
+            f"AdamW {a:+.3f} vs Muon {m:+.3f} ({ratio}; paper {paper_ratio:.0f}x): the difference "
+            f"{_fmt(d['mean'])} is " + ("resolved" if sign else "not resolved") + " at 95% over seeds."))
     return {"id": 1, "key": "optimizers", "title": "Optimizer sensitivity to a one-step delay",
             "paper": "360M: AdamW 2.612 sync vs 2.890 delayed (+0.278), Muon 2.578 vs 2.590 (+0.012); MARS "
                      "degrades like AdamW, SOAP, Lion and Adan far less.",
@@ -171,7 +215,8 @@ def optimizers(p: Preset, out: Path) -> dict:
                       "penalty tau/lag, Theorem 1). Adam-type: with a frozen preconditioner a one-step delay "
                       "shrinks the stable eta*lambda from 2(1+beta1)/(1-beta1) to 1 (theory.stability).",
             "rows": table, "verdicts": verdicts, "headline": f"gap at the best sync lr: {listing}",
-            "reproduced": _tristate(sum(paper), len(paper)), "theory_agrees": _tristate(sum(theory), len(theory))}
+            "order": {"paper": paper, "theory": theory},
+            "reproduced": _order_state(paper), "theory_agrees": _order_state(theory)}
 
 
 # -- 2: mitigations --------------------------------------------------------------------------------
@@ -326,15 +371,19 @@ def learning_rate(p: Preset, out: Path) -> dict:
             f"(x{shift[opt]:.2g}; gap {_fmt(slopes[opt])} per doubling): paper "
             + ("reproduced, theory agrees." if shift[opt] < 1 else "not reproduced, theory disagrees.")))
     signs = [v["agree"] for v in verdicts]
+    # a tie on the lr grid says nothing about the order: only strict differences count
     pairs = [shift[a] < shift[b] for a in shift for b in shift
-             if predict.kind(a) == "adam" and predict.kind(b) == "lmo"]
-    if pairs:
+             if predict.kind(a) == "adam" and predict.kind(b) == "lmo" and shift[a] != shift[b]]
+    ties = sum(shift[a] == shift[b] for a in shift for b in shift
+               if predict.kind(a) == "adam" and predict.kind(b) == "lmo")
+    if pairs or ties:
         verdicts.append(_verdict(
             "order: the Adam-type optimum moves further than the LMO one",
             "theory: a stability threshold 38x lower (Adam-type) against a linear delay term (LMO)",
-            ", ".join(f"{o} x{v:.2g}" for o, v in shift.items()), all(pairs),
+            ", ".join(f"{o} x{v:.2g}" for o, v in shift.items()), all(pairs) if pairs else None,
             f"{_theory_says(sum(pairs), len(pairs))} on the order: the delayed optimum moves by "
-            + ", ".join(f"{o} x{v:.2g}" for o, v in shift.items()) + "."))
+            + ", ".join(f"{o} x{v:.2g}" for o, v in shift.items())
+            + (f" ({ties} pair(s) tied at the grid's resolution)" if ties else "") + "."))
     return {"id": 4, "key": "learning_rate", "title": "Learning rate: sync and delayed loss vs peak lr",
             "paper": "The delayed run degrades faster than sync as the peak lr grows.",
             "theory": "Theorem 1: the delay term 2 L eta tau is linear in eta, so the delayed bound is minimised at "
@@ -369,13 +418,14 @@ def schedules(p: Preset, out: Path) -> dict:
                 continue
             row["vs_2bw"] = stats(_paired(twobw, runs))
             depth, excess, meas = len(delays), row["mean_delay"] - 1.0, row["vs_2bw"]["mean"]
-            agree = None if meas is None or excess == 0 else (meas > 0) == (excess > 0)
+            sign = _sign(row["vs_2bw"])  # only a difference resolved at 95% counts either way
+            agree = None if sign == 0 or excess == 0 else (sign > 0) == (excess > 0)
             theory.append(agree)
             if depth >= 4:
-                paper.append(None if meas is None else meas > 0)
-            better = "2BW better" if (meas or 0) > 0 else "PipeDream better"
-            claim = (f"paper {'reproduced' if (meas or 0) > 0 else 'not reproduced'}" if depth >= 4
-                     else "no paper claim at this depth")
+                paper.append(None if sign == 0 else sign > 0)
+            better = {1: "2BW better", -1: "PipeDream better", 0: "not resolved at 95%"}[sign]
+            claim = ({1: "paper reproduced", -1: "paper not reproduced", 0: "no verdict on the paper"}[sign]
+                     if depth >= 4 else "no paper claim at this depth")
             verdicts.append(_verdict(
                 f"{opt}, depth {depth}: 2BW (tau = 1 on every stage) beats PipeDream (tau = {delays})",
                 f"theory: delay term PipeDream / 2BW = mean tau = {row['mean_delay']:.2f} "
@@ -383,7 +433,8 @@ def schedules(p: Preset, out: Path) -> dict:
                 f"PipeDream - 2BW = {_fmt(meas)} val loss", agree,
                 f"{opt}, depth {depth}: PipeDream - 2BW = {_fmt(meas)} ({better}); {claim}; theory (mean tau "
                 f"{row['mean_delay']:.2f}) "
-                + ("agrees" if agree else "disagrees" if agree is not None else "predicts a tie") + "."))
+                + ("agrees" if agree else "disagrees" if agree is not None
+                   else "predicts a tie" if excess == 0 else "has nothing resolved to compare") + "."))
     headline = "PipeDream - 2BW val loss: " + "; ".join(
         f"{r['optimizer']} depth {len(r['delays'])} {_fmt(r['vs_2bw']['mean'])}" for r in table if "vs_2bw" in r)
     return {"id": 5, "key": "schedules", "title": "Schedules: constant delay (2BW) vs PipeDream's per-stage delays",

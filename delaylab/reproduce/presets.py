@@ -92,7 +92,7 @@ PRESETS: dict[str, Preset] = {
     "cpu-small": Preset(
         name="cpu-small",
         summary="tiny GPT (2 layers, d=64, context 64), 300 updates of 16 sequences, 3 seeds; schedules on "
-                "the 4-layer small GPT (d=128, context 64), 200 updates, 2 seeds; toy rates at T = 100..1600, 8 seeds",
+                "the 4-layer small GPT (d=128, context 64), 200 updates, 3 seeds; toy rates at T = 100..1600, 8 seeds",
         llm=LLMGrid(
             base=dict(preset="tiny", batch_size=16, steps=300, eval_every=100, eval_batches=16,
                       log_every=10, ckpt_every=100, **_RUN),
@@ -109,7 +109,7 @@ PRESETS: dict[str, Preset] = {
         ),
         schedules=ScheduleGrid(
             overrides=dict(preset="small", block_size=64, steps=200, eval_every=100, ckpt_every=100),
-            optimizers=("adamw", "muon"), lrs={"adamw": 2e-3, "muon": 0.02}, depths=(2, 4), seeds=2,
+            optimizers=("adamw", "muon"), lrs={"adamw": 2e-3, "muon": 0.02}, depths=(2, 4), seeds=3,
         ),
         toy=ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectral", "lmo-sign", "lmo-l2"),
                     T=(100, 400, 1600), seeds=8),

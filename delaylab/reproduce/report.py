@@ -169,9 +169,9 @@ def _part_table(part: dict) -> list[str]:
         body = []
         for r in rows:
             cells = [r["optimizer"], _ms(r["gap"], "+.3f") + ("" if r["resolved"] else " (n.s.)")]
-            for m in mits:
+            for m in mits:  # a share of a gap that is not resolved would be a share of noise
                 rec = r[f"{m}_recovered"]["of_mean_gap"]
-                cells.append(f"{_ms(r[f'{m}_gap'], '+.3f')} / {_n(rec, '.0f')}%")
+                cells.append(f"{_ms(r[f'{m}_gap'], '+.3f')} / " + (f"{_n(rec, '.0f')}%" if r["resolved"] else "n.s."))
             body.append(cells)
         return _table(head, body)
     if key == "momentum":
@@ -231,9 +231,9 @@ def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
              f"{report['preset_summary']}.", "", f"Made by `{report['command']}`.", ""]
     for s in report.get("sessions") or []:
-        lines += [f"Session {s['date']}: {s['runs']} runs ({s['computed']} computed, {s['read']} read from the "
-                  f"folder) in {s['seconds'] / 60:.1f} min wall time, {s['jobs']} runs at a time on {s['cpus']} "
-                  f"CPUs (load average at start {s['load_start']}).", ""]
+        lines += [f"Session {s['date']} ({s.get('status', 'finished')}): {s['computed']} runs computed and "
+                  f"{s['read']} read from the folder in {s['seconds'] / 60:.1f} min wall time, {s['jobs']} runs at a "
+                  f"time on {s['cpus']} CPUs (load average at start {s['load_start']}).", ""]
     lines += ["All GPT numbers are final validation losses (mean ± std over seeds; a gap is delayed - sync "
               "computed per seed, since the two runs of a seed share init and batches). A gap is resolved "
               "when its 95% t-interval over seeds excludes 0.", "", "## Summary", ""]

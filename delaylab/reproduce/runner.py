@@ -108,11 +108,34 @@ def execute(run, out: str) -> bool:
     return True
 
 
-def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: bool | None = None) -> dict:
+def _work(run, out: str) -> bool:
+    """:func:`execute` in a pool worker. On Ctrl-C the worker leaves at once (its run keeps its last
+    checkpoint) instead of returning the interrupt as a result and taking the next run."""
+    try:
+        return execute(run, out)
+    except KeyboardInterrupt:
+        os._exit(130)
+
+
+def _interrupt_workers() -> None:
+    """Forward an interrupt to the pool's processes, which a signal sent to this process alone misses."""
+    import multiprocessing as mp
+    import signal
+
+    for child in mp.active_children():
+        try:
+            os.kill(child.pid, signal.SIGINT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: bool | None = None,
+        counts: dict | None = None) -> dict:
     """Finish every run ``plan(out)`` lists (replanning after each one); returns counts and time.
 
     ``workers`` runs at a time, each in its own process with one thread; ``workers=1`` runs
-    them here, one after the other.
+    them here, one after the other. ``counts`` (updated as runs finish, also when this raises):
+    ``computed``, ``read``, ``runs`` and ``seconds``.
     """
     from tqdm.auto import tqdm
 
@@ -120,7 +143,8 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
         raise ValueError(f"jobs must be >= 1, got {workers}")
     start = time.perf_counter()
     seen: set[str] = set()
-    counts = {"computed": 0, "read": 0}
+    counts = counts if counts is not None else {}
+    counts.update(computed=0, read=0, runs=0, seconds=0.0)
     bar = tqdm(total=0, desc="reproduce", unit="run", disable=None if progress is None else not progress)
 
     def new_runs() -> list:
@@ -132,6 +156,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
 
     def done(computed: bool) -> None:
         counts["computed" if computed else "read"] += 1
+        counts["seconds"] = time.perf_counter() - start
         bar.update(1)
 
     try:
@@ -146,7 +171,9 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
 
             # One thread per run: two single-threaded runs use two cores better than one with two.
             os.environ.setdefault("OMP_NUM_THREADS", "1")
-            pool, pending = None, {}
+            # A worker that leaves on Ctrl-C makes the tracker warn about a semaphore it cleans up anyway.
+            os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+            pool, pending, interrupted = None, {}, False
             try:
                 while queue or pending:
                     for r in queue:
@@ -155,7 +182,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
                             continue
                         if pool is None:
                             pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-                        pending[pool.submit(execute, r, str(out))] = r
+                        pending[pool.submit(_work, r, str(out))] = r
                     if pending:
                         finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                         for fut in finished:
@@ -163,15 +190,16 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
                             done(_checked(fut.result, folder=r.folder))
                     queue = new_runs()
             except KeyboardInterrupt:
-                if pool is not None:  # the workers got the signal too; their checkpoints stay
-                    pool.shutdown(wait=False, cancel_futures=True)
+                interrupted = True
+                _interrupt_workers()  # they stop within a step; their checkpoints stay for the resume
                 raise
             finally:
                 if pool is not None:  # after a failed run, let the running ones finish and save
-                    pool.shutdown(wait=True, cancel_futures=True)
+                    pool.shutdown(wait=not interrupted, cancel_futures=True)
     finally:
         bar.close()
-    return {**counts, "runs": len(seen), "seconds": time.perf_counter() - start}
+        counts.update(runs=len(seen), seconds=time.perf_counter() - start)
+    return counts
 
 
 def _checked(fn, *args, folder: str | None = None):

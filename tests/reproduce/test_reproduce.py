@@ -175,6 +175,7 @@ def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_
     again = reproduce("ci", copy, jobs=1, progress=False)
     assert again["session"]["computed"] == 3
     assert again["session"]["read"] == again["session"]["runs"] - 3
+    assert [s["status"] for s in again["sessions"]] == ["finished", "finished"]  # both sessions are kept
 
     def strip(r):
         r = json.loads(json.dumps(r))
