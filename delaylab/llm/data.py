@@ -126,7 +126,8 @@ def iter_documents(files: Iterable[Path], text_field: str = "text", builtin: boo
                         text = json.loads(line)[text_field]
                     except (json.JSONDecodeError, KeyError, TypeError):
                         raise ValueError(f"{path}:{lineno}: not a JSON object with a {text_field!r} field") from None
-                    yield str(text)
+                    if text:
+                        yield str(text)
         elif path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
@@ -339,7 +340,7 @@ def load_dataset(
         raise ValueError(f"unknown tokenizer {tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    builtin = isinstance(data, str) and data == SHAKESPEARE
+    builtin = [str(d) for d in ([data] if isinstance(data, (str, os.PathLike)) else data)] == [SHAKESPEARE]
     files = resolve_sources(data)
     for f in files:
         check_source(f, text_field)
