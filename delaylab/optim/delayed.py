@@ -8,6 +8,8 @@ from typing import Sequence
 import torch
 from torch.optim import Optimizer
 
+from delaylab.optim._closure import closure_loss
+
 CORRECTIONS = ("none", "ef", "dc-asgd")
 
 
@@ -126,10 +128,7 @@ class Delayed(Optimizer):
     # -- the step -----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         plain = not any(self.delays) and not (self.correction == "ef" and any(self.ef_lags))
         if plain and self.total_steps is None:
             self.inner.step()  # plain inner optimizer, bit for bit

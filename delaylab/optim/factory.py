@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from delaylab.optim._closure import closure_loss
 from delaylab.optim.lmo_momentum import LMOMomentum
 
 # Defaults are starting points for small GPTs, not tuned values; sweeps override lr.
@@ -68,10 +69,7 @@ class CombinedOptimizer(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for opt in self.optimizers:
             opt.step()
         return loss

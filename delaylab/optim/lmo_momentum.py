@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch.optim import Optimizer
 
+from delaylab.optim._closure import closure_loss
+
 from delaylab.optim.lmo import (
     MUON_COEFFICIENTS,
     ascent_direction,
@@ -94,10 +96,7 @@ class LMOMomentum(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             lr, beta, wd = group["lr"], group["beta"], group["weight_decay"]
             for p in group["params"]:
