@@ -6,7 +6,6 @@ import torch
 from torch.optim import Optimizer
 
 from delaylab.optim._closure import closure_loss
-
 from delaylab.optim.lmo import (
     MUON_COEFFICIENTS,
     ascent_direction,
