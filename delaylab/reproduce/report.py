@@ -230,7 +230,11 @@ def summary_table(report: dict) -> list[str]:
 def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
              f"{report['preset_summary']}.", "", f"Made by `{report['command']}`.", ""]
-    for s in report.get("sessions") or []:
+    sessions = report.get("sessions") or []
+    rereads = [s for s in sessions if not s["computed"] and s.get("status", "finished") == "finished"]
+    for s in sessions:
+        if s in rereads and s is not sessions[-1]:
+            continue  # a rerun that only read finished runs adds no time worth listing
         lines += [f"Session {s['date']} ({s.get('status', 'finished')}): {s['computed']} runs computed and "
                   f"{s['read']} read from the folder in {s['seconds'] / 60:.1f} min wall time, {s['jobs']} runs at a "
                   f"time on {s['cpus']} CPUs (load average at start {s['load_start']}).", ""]
