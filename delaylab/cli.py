@@ -13,11 +13,11 @@ import sys
 
 from delaylab import __version__
 from delaylab.commands import demo, llm, reproduce, theory, toy
-from delaylab.commands._common import UsageError
+from delaylab.commands._common import OneLineParser, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="delaylab",
         description="Theory and experiments for training under a one-step gradient delay "
         "(PipeDream-2BW): bounds, toy rate checks, GPT runs and a real 2BW pipeline.",

@@ -3,44 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
+
+from delaylab._io import dumps, jsonable, write_json  # noqa: F401  (re-exported for commands)
 
 
 class UsageError(ValueError):
     """Bad input from the user: reported as one line on stderr, exit code 2."""
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain-JSON version of ``obj``: numpy/torch scalars become numbers, non-finite floats null.
-
-    JSON has no NaN or infinity; ``null`` is the honest encoding of "no finite value".
-    """
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy / torch
-        return jsonable(obj.tolist())
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    try:
-        val = float(obj)
-    except (TypeError, ValueError):
-        return str(obj)
-    return val if math.isfinite(val) else None
-
-
-def dumps(obj: Any, **kw) -> str:
-    return json.dumps(jsonable(obj), allow_nan=False, **kw)
 
 
 def emit(result: dict, as_json: bool, render: Callable[[dict], str] | None = None) -> None:
@@ -50,15 +21,6 @@ def emit(result: dict, as_json: bool, render: Callable[[dict], str] | None = Non
     else:
         sys.stdout.write((render(result) if render else dumps(result, indent=2)) + "\n")
     sys.stdout.flush()
-
-
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename) so a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -115,10 +77,12 @@ def csv_list(kind: Callable[[str], Any]) -> Callable[[str], list]:
     return parse
 
 
-def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Report bad arguments of ``parser`` in one line on stderr (no usage block), exit code 2."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse errors as one line on stderr (no usage block), exit code 2, like any bad input.
 
-    def error(message: str):
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
+    ``add_subparsers`` builds subparsers of the parent's class, so setting it on the top-level
+    parser covers every subcommand.
+    """
 
-    parser.error = error
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from delaylab.commands import pipeline
-from delaylab.commands._common import UsageError, add_json_flag, csv_list, emit, one_line_errors
+from delaylab.commands._common import UsageError, add_json_flag, csv_list, emit
 
 # Names are listed for --help only; the library validates them (one-line errors).
 PRESETS = "tiny, small, 135m, 360m"
@@ -200,7 +200,6 @@ def register(sub) -> None:
     t.add_argument("--stop-at", type=int, metavar="K", help="stop after update K with a checkpoint")
     add_json_flag(t)
     t.set_defaults(func=cmd_train)
-    one_line_errors(t)
 
     s = llm_sub.add_parser(
         "sweep", help="grid of runs and the delayed-minus-sync gap (gaps.json, PNG figures)",
@@ -221,6 +220,5 @@ def register(sub) -> None:
     s.add_argument("--out", metavar="DIR", help="sweep folder (rerun to resume)")
     add_json_flag(s)
     s.set_defaults(func=cmd_sweep)
-    one_line_errors(s)
 
     pipeline.register(llm_sub)

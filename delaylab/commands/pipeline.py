@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from delaylab.commands._common import (
-    UsageError, add_json_flag, emit, nonneg_int, one_line_errors, positive_float, positive_int,
+    UsageError, add_json_flag, emit, nonneg_int, positive_float, positive_int,
 )
 
 SCHEDULE_HELP = ("2bw (PipeDream-2BW: no flush, one-step delay), 1f1b or gpipe (flush every batch), "
@@ -154,4 +154,3 @@ def register(llm_sub) -> None:
     r.add_argument("--stop-at", type=int, metavar="K", help="stop after update K with a checkpoint")
     add_json_flag(p)
     p.set_defaults(func=cmd_pipeline)
-    one_line_errors(p)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from delaylab.commands._common import UsageError, add_json_flag, emit, one_line_errors, positive_int
+from delaylab.commands._common import UsageError, add_json_flag, emit, positive_int
 
 PRESET_NAMES = ("cpu-small", "ci")  # listed for --help; delaylab.reproduce.presets validates
 
@@ -23,7 +23,6 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
     add_json_flag(p)
-    one_line_errors(p)
     p.set_defaults(func=cmd_reproduce)
 
 

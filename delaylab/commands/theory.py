@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from delaylab.commands._common import add_json_flag, emit, one_line_errors
+from delaylab.commands._common import add_json_flag, emit
 
 CONSTANT_FLAGS = (
     ("L", "smoothness in the method's norm (Euclidean for sgdm)"),
@@ -184,7 +184,6 @@ def register(sub) -> None:
     p = sub.add_parser("theory", help="convergence bounds, tuning, delay penalty, linear stability",
                        description="Bounds for momentum-LMO (Muon) and SGDM under a gradient delay; "
                        "see docs/theory.md for the proofs.")
-    one_line_errors(p)
     tsub = p.add_subparsers(dest="theory_command", metavar="SUBCOMMAND", required=True)
 
     b = tsub.add_parser("bound", help="evaluate a bound at given (eta, beta) and constants")
@@ -211,5 +210,3 @@ def register(sub) -> None:
     s.add_argument("--plot", metavar="PNG", help="plot the stable region against beta")
     add_json_flag(s)
     s.set_defaults(func=cmd_stability)
-    for sp_ in (b, t, q, s):
-        one_line_errors(sp_)

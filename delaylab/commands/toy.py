@@ -24,13 +24,6 @@ PROBLEM_HELP = "problem name (see `delaylab toy list`); default: logdet, the mat
 LMO_METHODS = ("lmo-spectral", "lmo-sign", "lmo-l2")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse errors as one line on stderr (exit 2), like every other bad input."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 # -- argument helpers (errors surface as UsageError: one line, exit 2) -------------------------
 
 
@@ -486,7 +479,7 @@ def _common(p, seeds: int) -> None:
 def register(sub) -> None:
     p = sub.add_parser("toy", help="delayed LMO optimizers on synthetic problems, rates checked against the bounds",
                        description=__doc__.split("\n\n")[0])
-    toy = p.add_subparsers(dest="toy_command", metavar="TOY_COMMAND", required=True, parser_class=_OneLineParser)
+    toy = p.add_subparsers(dest="toy_command", metavar="TOY_COMMAND", required=True)
 
     q = toy.add_parser("list", help="problems (with constants) and methods")
     add_json_flag(q)

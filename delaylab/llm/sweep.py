@@ -212,7 +212,7 @@ def sweep(base: TrainConfig, out, optimizers, modes=("sync", "delayed", "ef"), l
     """Run the grid (``jobs`` cells at a time, one thread each when ``jobs > 1``) and return gaps.json."""
     from tqdm.auto import tqdm
 
-    from delaylab.commands._common import write_json
+    from delaylab._io import write_json
 
     base.validate()
     if jobs < 1:

@@ -17,11 +17,12 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
+from delaylab._io import save_torch
 from delaylab.llm.data import TOKENIZERS, load_dataset
 from delaylab.llm.model import GPT, PRESETS, autocast, default_device, preset
 
@@ -313,11 +314,6 @@ def check_resumable(cfg: TrainConfig, out: Path) -> dict:
     return ckpt
 
 
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
 
 def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: bool = False,
           stop_at: int | None = None, dataset=None) -> dict:
@@ -329,7 +325,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: boo
     """
     from tqdm.auto import tqdm
 
-    from delaylab.commands._common import write_json
+    from delaylab._io import write_json
 
     cfg.validate()
     out = Path(out) if out is not None else None
@@ -366,7 +362,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: boo
     # ckpt.pt.pending until the next call (or the final evaluation) says so, then replaces ckpt.pt.
     def save_pending() -> None:
         if out is not None:
-            _save_atomic({**trainer.state_dict(), "loop": json.loads(json.dumps(state))}, pending)
+            save_torch({**trainer.state_dict(), "loop": json.loads(json.dumps(state))}, pending)
 
     def promote() -> None:
         if pending is not None and pending.exists():

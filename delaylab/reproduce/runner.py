@@ -97,7 +97,7 @@ def execute(run, out: str) -> bool:
         return True
     import torch
 
-    from delaylab.commands._common import write_json
+    from delaylab._io import write_json
 
     torch.set_num_threads(1)
     write_json(folder / "config.json", {"task": run.task, **run.kwargs})

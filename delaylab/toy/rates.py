@@ -228,7 +228,6 @@ def _paired(problem: Problem, method: str, eta: float, beta: float, steps: int, 
     """Sync and delayed runs on the same noise (same seed: call c draws the same sample), so
     their per-seed difference isolates the delay."""
     sync = Setting(problem, method, 0)
-    delayed = Setting(problem, method, tau, correction)
     kw = dict(lr=sync.torch_lr(eta, beta), beta=beta, steps=steps, seeds=seeds, seed=seed, norms=(norm,))
     a = run(problem, method, **kw).mean_grad_norm(norm)
     b = run(problem, method, delay=tau, correction=correction, **kw).mean_grad_norm(norm)

@@ -4,7 +4,6 @@ import math
 import pytest
 import torch
 
-from delaylab.llm import train as T
 from delaylab.llm.model import GPT
 from delaylab.llm.train import Diverged, Trainer, lr_factor, stage_ranges, train
 

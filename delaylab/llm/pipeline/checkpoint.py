@@ -12,11 +12,12 @@ fork restarts the same way). Each stage keeps its last two files.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import torch
+
+from delaylab._io import save_torch
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -29,9 +30,7 @@ def save_stage(root: Path, step: int, stage: int, state: dict, keep: int = 2) ->
     """Write stage ``stage``'s checkpoint of ``step`` atomically; drop its older ones beyond ``keep``."""
     path = stage_path(root, step, stage)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    save_torch(state, path)
     mine = sorted(s for s in steps_on_disk(root) if stage_path(root, s, stage).is_file())
     for old in mine[:-keep]:
         stage_path(root, old, stage).unlink(missing_ok=True)

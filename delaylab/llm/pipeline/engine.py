@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from delaylab._io import save_torch
 from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT, autocast
 from delaylab.llm.pipeline import checkpoint
@@ -191,7 +192,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
     if start >= end:
         raise ValueError(f"the checkpoint is at step {start}: nothing left to run (up to step {end})")
     if last and not resume:
-        from delaylab.commands._common import write_json
+        from delaylab._io import write_json
 
         write_json(out / "config.json", cfg.to_dict())  # after init: every rank checked the folder
 
@@ -274,7 +275,7 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
 
     model_dir = out / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    _save(ex.newest.state_dict(), model_dir / f"stage_{rank}.pt")
+    save_torch(ex.newest.state_dict(), model_dir / f"stage_{rank}.pt")
     info = {
         "rank": rank, "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
         "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
@@ -330,22 +331,17 @@ def _foreign_cpu(ranks: list[dict]) -> float | None:
     return max(0.0, (max(busy) - sum(r["cpu_s"] for r in ranks)) / wall) if wall > 0 else None
 
 
-def _save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
 
 def _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_per_update, device) -> dict:
     """Last stage: merge the model, write timeline, figure and summary."""
-    from delaylab.commands._common import write_json
+    from delaylab._io import write_json
 
     P = cfg.stages
     model_dir = out / "model"
     merged = {}
     for s in range(P):
         merged.update(torch.load(model_dir / f"stage_{s}.pt", map_location="cpu", weights_only=True))
-    _save(merged, out / "model.pt")  # a GPT state dict (untied)
+    save_torch(merged, out / "model.pt")  # a GPT state dict (untied)
     for s in range(P):
         (model_dir / f"stage_{s}.pt").unlink()
     model_dir.rmdir()
