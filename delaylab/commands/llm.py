@@ -37,6 +37,7 @@ def _add_train_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
     """TrainConfig fields as flags. Defaults are None so a resume can tell what was given."""
     m = p.add_argument_group("model and data")
     m.add_argument("--preset", help=f"model size: {PRESETS} (default tiny)")
+    m.add_argument("--n-layer", type=int, help="transformer blocks (default: the preset's)")
     m.add_argument("--mlp", help="gelu or swiglu (default: the preset's)")
     m.add_argument("--tie-embeddings", type=_bool, metavar="BOOL", help="share embedding and lm_head weights")
     m.add_argument("--dropout", type=float)

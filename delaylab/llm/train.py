@@ -3,10 +3,11 @@
 Every mode goes through :class:`delaylab.optim.Delayed` (sync is ``delay=0``), so the delay,
 EF and DC-ASGD live in one place. The loop is indexed by *updates*: in a delayed phase the
 first ``tau`` calls only fill the queue, so ``steps`` updates take ``steps + tau`` calls (and
-batches); the LR schedule advances only when an update happened. Batch ``c`` is the pure
-function ``dataset.batch(c, ...)`` of the run's seed, which is what makes resume exact: a
-checkpoint holds the model, the whole optimizer (inner state, delay queue, EF buffer), the
-scheduler, the RNG and the call counter, and nothing else is needed to continue.
+batches); each param group's LR follows its own update count (the pipeline engine's
+per-stage schedulers do the same). Batch ``c`` is the pure function ``dataset.batch(c, ...)``
+of the run's seed, which is what makes resume exact: a checkpoint holds the model, the whole
+optimizer (inner state, delay queue, EF buffer, LRs), the RNG and the call counter, and
+nothing else is needed to continue.
 
 Python API: ``train(TrainConfig(...), out) -> summary``; ``Trainer`` for step-level control.
 """
@@ -42,6 +43,7 @@ class Diverged(RuntimeError):
 class TrainConfig:
     # model
     preset: str = "tiny"
+    n_layer: int | None = None  # None: the preset's (deeper models for the pipeline-depth runs)
     mlp: str | None = None  # None: the preset's
     tie_embeddings: bool | None = None
     dropout: float = 0.0
@@ -126,8 +128,10 @@ class TrainConfig:
             raise ValueError(f"correction {self.correction!r} needs --mode delayed")
         if self.sync_start + self.sync_cooldown > self.steps:
             raise ValueError("sync_start + sync_cooldown exceed steps")
+        if self.n_layer is not None and int(self.n_layer) < 1:
+            raise ValueError(f"n_layer must be >= 1, got {self.n_layer}")
         if len(self.delays) > 1:
-            n_layer = PRESETS[self.preset].n_layer
+            n_layer = self.model_config(256).n_layer
             if len(self.delays) > n_layer:
                 raise ValueError(f"{len(self.delays)} stage delays but the model has {n_layer} layers")
             if self.model_config(256).tie_embeddings:
@@ -140,6 +144,8 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int):
         over = {"vocab_size": vocab_size, "dropout": self.dropout}
+        if self.n_layer is not None:
+            over["n_layer"] = self.n_layer
         if self.mlp is not None:
             over["mlp"] = self.mlp
         if self.tie_embeddings is not None:
@@ -221,7 +227,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = GPT(self.model_cfg).to(self.device)
         self.opt = build_delayed_optimizer(self.model, cfg)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: lr_factor(k, cfg))
+        for g in self.opt.param_groups:
+            g.setdefault("initial_lr", g["lr"])  # the peak lr (the key torch's schedulers use)
+        self._set_lrs()
         self.block = self.model_cfg.block_size
         self.tokens_per_call = cfg.batch_size * self.block * cfg.grad_accum
         self.calls = 0
@@ -252,9 +260,18 @@ class Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.calls += 1
-        if self.opt.updated:
-            self.sched.step()
+        self._set_lrs()
         return total
+
+    def _set_lrs(self) -> None:
+        """Each param group's lr for its next update, indexed by that group's own update count.
+
+        With one delay all groups agree (update k gets ``lr_factor(k)``); with per-stage delays a
+        stage's k-th update gets ``lr_factor(k)`` too, as each stage's own scheduler does in the
+        pipeline engine, rather than the factor of the call it happens on.
+        """
+        for g, k in zip(self.opt.param_groups, self.opt.group_updates):
+            g["lr"] = g["initial_lr"] * lr_factor(k, self.cfg)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -272,7 +289,7 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "config": self.cfg.to_dict(), "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "optimizer": self.opt.state_dict(),
             "calls": self.calls, "rng": rng,
         }
 
@@ -282,8 +299,8 @@ class Trainer:
             self.opt.load_state_dict(sd["optimizer"])
         except (RuntimeError, KeyError) as err:
             raise ValueError(f"checkpoint does not fit this model/optimizer: {str(err).splitlines()[0]}") from None
-        self.sched.load_state_dict(sd["scheduler"])
         self.calls = sd["calls"]
+        self._set_lrs()
         torch.set_rng_state(sd["rng"]["torch"])
         if "cuda" in sd["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(sd["rng"]["cuda"])

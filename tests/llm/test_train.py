@@ -97,6 +97,39 @@ def test_per_stage_delays_hold_back_the_early_stages(quick, corpus):
     assert stage_ranges(5, 2) == [range(0, 3), range(3, 5)]
 
 
+def test_each_stage_follows_the_lr_schedule_by_its_own_update_count(quick, corpus):
+    """With delays [2, 0] the first stage's k-th update (on call k + 2) still gets lr_factor(k),
+    as each stage's scheduler gives it in the pipeline engine; the inner optimizer is watched."""
+    cfg = quick(optimizer="sgd", lr=0.1, momentum=0.0, mode="delayed", delay=[2, 0], steps=6, warmup=2)
+    trainer = Trainer(cfg, corpus)
+    inner = trainer.opt.inner
+    seen = [[] for _ in inner.param_groups]
+    step = inner.step
+
+    def watched(*a, **kw):
+        for i, g in enumerate(inner.param_groups):
+            if any(p.grad is not None for p in g["params"]):
+                seen[i].append(g["lr"])
+        return step(*a, **kw)
+
+    inner.step = watched
+    while trainer.updates < cfg.steps:
+        trainer.step()
+    want = [0.1 * lr_factor(k, cfg) for k in range(cfg.steps)]
+    assert want[:-2] != want[2:]  # warmup + cosine: an lr indexed by call (k + 2) would differ
+    assert all(lrs == pytest.approx(want, rel=1e-12) for lrs in seen), seen
+
+
+def test_n_layer_overrides_the_preset_depth(quick, corpus):
+    cfg = quick(preset="tiny", n_layer=8, mode="delayed", delay=list(range(7, -1, -1)), steps=2,
+                tie_embeddings=False)
+    trainer = Trainer(cfg, corpus)
+    assert len(trainer.model.blocks) == 8 and trainer.opt.delays[0] == 7
+    while trainer.updates < 2:
+        trainer.step()
+    assert trainer.calls == 2 + 7
+
+
 def test_muon_gets_exactly_the_hidden_matrices(quick, corpus):
     trainer = Trainer(quick(optimizer="muon"), corpus)
     muon, adamw = trainer.opt.inner.optimizers
@@ -151,6 +184,7 @@ def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
     (dict(preset="huge"), "unknown preset"), (dict(optimizer="rmsprop"), "unknown optimizer"),
     (dict(mode="async"), "unknown mode"), (dict(lr=0.0), "lr must be > 0"), (dict(steps=0), "steps must be >= 1"),
     (dict(correction="ef"), "needs --mode delayed"), (dict(mode="delayed", delay=[1, 0, 0]), "3 stage delays"),
+    (dict(n_layer=0), "n_layer must be >= 1"),
 ])
 def test_bad_configs_are_value_errors(quick, bad, match):
     with pytest.raises(ValueError, match=match):

@@ -3,7 +3,7 @@
 import torch
 
 from delaylab.llm.pipeline.engine import PipelineConfig
-from delaylab.llm.train import Trainer, lr_factor
+from delaylab.llm.train import Trainer
 
 
 def small(**kw) -> PipelineConfig:
@@ -14,33 +14,12 @@ def small(**kw) -> PipelineConfig:
 
 
 def reference_model(cfg: PipelineConfig) -> dict:
-    """Final weights of the single-process run of ``cfg`` (``delaylab.optim.Delayed`` in one process).
-
-    The trainer's own loop (``Trainer.step``: M microbatches, ``(loss / M).backward()``, one
-    ``Delayed.step()``, LR indexed by update) for one delay on every stage. With per-stage
-    delays (pipedream) each param group's LR follows its own update count, as each stage's
-    scheduler does in the pipeline, so the loop sets the LRs itself before every call.
-    """
-    tc = cfg.train_config()
-    trainer = Trainer(tc)
-    opt = trainer.opt
-    if len(tc.delays) == 1:
-        while trainer.updates < tc.steps:
-            trainer.step()
-        return trainer.model.state_dict()
-    peak = [g["initial_lr"] for g in opt.param_groups]
-    M = tc.grad_accum
-    calls = 0
-    while trainer.updates < tc.steps:
-        for g, lr, k in zip(opt.param_groups, peak, opt.group_updates):
-            g["lr"] = lr * lr_factor(k, tc)
-        for j in range(M):
-            x, y = trainer.data.batch(calls * M + j, tc.batch_size, trainer.block, tc.seed)
-            _, loss = trainer.model(x, y)
-            (loss / M).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        calls += 1
+    """Final weights of the single-process run of ``cfg`` (``delaylab.optim.Delayed`` in one process):
+    the trainer's own loop (``Trainer.step``: M microbatches, ``(loss / M).backward()``, one
+    ``Delayed.step()``, each param group's LR indexed by its own update count)."""
+    trainer = Trainer(cfg.train_config())
+    while trainer.updates < trainer.cfg.steps:
+        trainer.step()
     return trainer.model.state_dict()
 
 
