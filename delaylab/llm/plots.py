@@ -48,7 +48,7 @@ def gap_vs_momentum(rows: dict, ax=None):
     fig, ax = _axes(ax)
     for name, pts in rows.items():
         pts = sorted(pts)
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] or 0.0 for p in pts],
                     marker="o", capsize=3, label=name)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("momentum")
@@ -64,7 +64,7 @@ def loss_vs_lr(rows: dict, title: str = "", ax=None):
     for mode, pts in rows.items():
         pts = sorted(p for p in pts if p[1] is not None)
         if pts:
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] or 0.0 for p in pts],
                         marker="o", capsize=3, label=mode, **MODE_STYLE.get(mode, {}))
     ax.set_xscale("log")
     lrs = sorted({p[0] for pts in rows.values() for p in pts})

@@ -93,7 +93,8 @@ def _stats(values: list[float]) -> dict:
     if not vals:
         return {"mean": None, "std": None, "min": None, "max": None, "values": values}
     mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    # one seed has no spread: None, not 0
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
     return {"mean": mean, "std": std, "min": min(vals), "max": max(vals), "values": values}
 
 
@@ -179,8 +180,11 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
             plots.loss_curves(curves, f"{opt} (lr {row['lr']:g})", ax=ax)
         plots.save(fig, out / "llm_loss_curves.png")
         written.append("llm_loss_curves.png")
+    def varies(key):  # a grid over ``key`` for at least one optimizer
+        return any(len({r[key] for r in gaps["grid"] if r["optimizer"] == o}) > 1 for o in best)
+
     momenta = {r["momentum"] for r in gaps["grid"]}
-    if len(momenta) > 1:
+    if varies("momentum"):
         rows = {}
         for opt in best:
             for mom in momenta:
@@ -192,7 +196,7 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
         fig = plots.gap_vs_momentum(rows)
         plots.save(fig, out / "llm_gap_vs_momentum.png")
         written.append("llm_gap_vs_momentum.png")
-    if len({r["lr"] for r in gaps["grid"]}) > 1 and best:
+    if varies("lr"):
         fig, axes = plots.grid(len(best))
         for ax, (opt, brow) in zip(axes, best.items()):
             rows = {}
