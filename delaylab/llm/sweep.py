@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from delaylab._io import write_json
 from delaylab.llm.train import CHECKPOINT, Diverged, TrainConfig, config_differences, train
 
 SWEEP_MODES = {"sync": ("sync", "none"), "delayed": ("delayed", "none"),
@@ -180,6 +181,7 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
             plots.loss_curves(curves, f"{opt} (lr {row['lr']:g})", ax=ax)
         plots.save(fig, out / "llm_loss_curves.png")
         written.append("llm_loss_curves.png")
+
     def varies(key):  # a grid over ``key`` for at least one optimizer
         return any(len({r[key] for r in gaps["grid"] if r["optimizer"] == o}) > 1 for o in best)
 
@@ -215,8 +217,6 @@ def sweep(base: TrainConfig, out, optimizers, modes=("sync", "delayed", "ef"), l
           momenta=None, seeds=1, jobs: int = 1, progress: bool | None = None) -> dict:
     """Run the grid (``jobs`` cells at a time, one thread each when ``jobs > 1``) and return gaps.json."""
     from tqdm.auto import tqdm
-
-    from delaylab._io import write_json
 
     base.validate()
     if jobs < 1:

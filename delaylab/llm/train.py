@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from delaylab._io import save_torch
+from delaylab._io import save_torch, write_json
 from delaylab.llm.data import TOKENIZERS, load_dataset
 from delaylab.llm.model import GPT, PRESETS, autocast, default_device, preset
 
@@ -131,10 +131,10 @@ class TrainConfig:
         if self.n_layer is not None and int(self.n_layer) < 1:
             raise ValueError(f"n_layer must be >= 1, got {self.n_layer}")
         if len(self.delays) > 1:
-            n_layer = self.model_config(256).n_layer
-            if len(self.delays) > n_layer:
-                raise ValueError(f"{len(self.delays)} stage delays but the model has {n_layer} layers")
-            if self.model_config(256).tie_embeddings:
+            model = self.model_config(256)
+            if len(self.delays) > model.n_layer:
+                raise ValueError(f"{len(self.delays)} stage delays but the model has {model.n_layer} layers")
+            if model.tie_embeddings:
                 raise ValueError("per-stage delays need untied embeddings (tie_embeddings=False)")
         if self.warmup is not None and not 0 <= self.warmup <= self.steps:
             raise ValueError(f"warmup must be in [0, steps], got {self.warmup}")
@@ -331,7 +331,6 @@ def check_resumable(cfg: TrainConfig, out: Path) -> dict:
     return ckpt
 
 
-
 def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: bool = False,
           stop_at: int | None = None, dataset=None) -> dict:
     """Run ``cfg`` and return the summary (also written to ``out/summary.json``).
@@ -341,8 +340,6 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, *, resume: boo
     checkpoint, as an interrupted run would. Raises :class:`Diverged` on a NaN/inf loss.
     """
     from tqdm.auto import tqdm
-
-    from delaylab._io import write_json
 
     cfg.validate()
     out = Path(out) if out is not None else None

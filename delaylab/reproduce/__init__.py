@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from delaylab._io import jsonable, write_json
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
@@ -33,8 +34,6 @@ __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
 
 def _check_folder(p: Preset, out: Path) -> None:
     """A folder belongs to one grid: resuming it with another preset would mix two reports."""
-    from delaylab._io import jsonable, write_json
-
     path = out / SPEC
     spec = jsonable({k: v for k, v in p.to_dict().items() if k in GRID_FIELDS})
     if path.is_file():
@@ -50,7 +49,6 @@ def _check_folder(p: Preset, out: Path) -> None:
 
 def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = None) -> dict:
     """Run every finding of ``preset`` in ``out`` (resumable) and return the report (also on disk)."""
-    from delaylab._io import write_json
     from delaylab.llm.data import load_dataset
     from delaylab.reproduce import plan, report, runner
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from delaylab._io import write_json
 from delaylab.llm.sweep import Cell
 
 SUMMARY = "summary.json"
@@ -96,8 +97,6 @@ def execute(run, out: str) -> bool:
         run_cell(run.base, run.cell, str(folder))  # resumes from a checkpoint; a divergence is a result
         return True
     import torch
-
-    from delaylab._io import write_json
 
     torch.set_num_threads(1)
     write_json(folder / "config.json", {"task": run.task, **run.kwargs})

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from delaylab._io import save_torch
+from delaylab._io import save_torch, write_json
 from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT, autocast
 from delaylab.llm.pipeline import checkpoint
@@ -192,8 +192,6 @@ def _run_rank(cfg: PipelineConfig, out: Path, resume: bool, stop_at: int | None,
     if start >= end:
         raise ValueError(f"the checkpoint is at step {start}: nothing left to run (up to step {end})")
     if last and not resume:
-        from delaylab._io import write_json
-
         write_json(out / "config.json", cfg.to_dict())  # after init: every rank checked the folder
 
     data = load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
@@ -331,11 +329,8 @@ def _foreign_cpu(ranks: list[dict]) -> float | None:
     return max(0.0, (max(busy) - sum(r["cpu_s"] for r in ranks)) / wall) if wall > 0 else None
 
 
-
 def _finish(cfg, out, gathered, start, end, train_time, val_loss, loop, tokens_per_update, device) -> dict:
     """Last stage: merge the model, write timeline, figure and summary."""
-    from delaylab._io import write_json
-
     P = cfg.stages
     model_dir = out / "model"
     merged = {}
