@@ -7,10 +7,22 @@ from typing import Sequence
 
 import torch
 from torch.optim import Optimizer
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from delaylab.optim._closure import closure_loss
+from delaylab.optim.factory import CombinedOptimizer
+from delaylab.optim.lmo_momentum import LMOMomentum
 
 CORRECTIONS = ("none", "ef", "dc-asgd")
+# Optimizers whose step on a subset of parameters equals their step on all of them restricted
+# to that subset (per-parameter state and step counters; no group-level statistics).
+_PER_PARAM_SAFE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Muon, LMOMomentum)
+
+
+def _leaves(opt: Optimizer) -> list[Optimizer]:
+    if isinstance(opt, CombinedOptimizer):
+        return [leaf for child in opt.optimizers for leaf in _leaves(child)]
+    return [opt]
 
 
 def _per_group(value, n: int, name: str) -> list[int]:
@@ -136,7 +148,7 @@ class Delayed(Optimizer):
             self.updated = True
             return loss
 
-        ef_params: list[tuple[int, torch.Tensor]] = []  # (lag, param) of EF updates
+        ef_lags: dict[int, int] = {}  # id(group) -> EF lag, for groups that update with EF now
         any_update = False
         for gi, group in enumerate(self.param_groups):
             k = self._updates[gi]
@@ -159,17 +171,24 @@ class Delayed(Optimizer):
             any_update = True
             lag = self.ef_lags[gi] if delayed and self.correction == "ef" else 0
             if lag:
-                ef_params.extend((lag, p) for p in group["params"] if p.grad is not None)
+                ef_lags[id(group)] = lag
 
         self.updated = any_update
         if not any_update:
             return loss
-        if not ef_params:
+        if not ef_lags:
             self.inner.step()
-            return loss
-        before = [p.detach().clone() for _, p in ef_params]
-        self.inner.step()
-        self._extrapolate(ef_params, before)
+        elif self._steps_per_param(ef_lags):
+            self._ef_step_per_param(ef_lags)
+        else:
+            ef_params = [
+                (ef_lags[id(g)], p) for g in self.param_groups if id(g) in ef_lags
+                for p in g["params"] if p.grad is not None
+            ]
+            before = [p.detach().clone() for _, p in ef_params]
+            self.inner.step()
+            for (lag, p), u in zip(ef_params, before):
+                self._feedback(p, u, lag)
         return loss
 
     def _push(self, group) -> None:
@@ -204,20 +223,77 @@ class Delayed(Optimizer):
         for p in group["params"]:
             p.grad = None
 
-    def _extrapolate(self, ef_params, before) -> None:
-        """x <- x_new + lag * (u_prev - u) with u = x_before - x_new; u becomes the buffer.
+    def _feedback(self, p: torch.Tensor, u: torch.Tensor, lag: int) -> torch.Tensor | None:
+        """EF for one parameter: ``x <- x_new + lag * (u_prev - u)`` with ``u = x_before - x_new``.
 
-        One parameter at a time, so the three passes over a tensor run while it is in cache.
+        ``u`` holds ``x_before`` on entry and becomes the new buffer; returns the old buffer,
+        whose memory the caller may reuse.
         """
-        for (lag, p), u in zip(ef_params, before):
-            u.sub_(p)
-            st = self.state[p]
-            prev = st.get("ef_buffer")
-            if prev is None:  # u_{-1} = 0
-                p.sub_(u, alpha=lag)
-            else:
-                p.add_(prev.sub_(u), alpha=lag)
-            st["ef_buffer"] = u
+        u.sub_(p)
+        st = self.state[p]
+        prev = st.get("ef_buffer")
+        if prev is None:  # u_{-1} = 0
+            p.sub_(u, alpha=lag)
+        else:
+            p.add_(prev.sub_(u), alpha=lag)
+        st["ef_buffer"] = u
+        return prev
+
+    def _steps_per_param(self, ef_lags) -> bool:
+        """Whether EF may step the inner optimizer one parameter at a time.
+
+        That needs a leaf optimizer whose update of a parameter depends on nothing but that
+        parameter's gradient and state (the exact torch and delaylab classes below, with no
+        step hooks, which would fire per call) and parameters on the CPU, where it keeps the
+        snapshot in cache; on an accelerator it would split foreach/fused kernels.
+        """
+        if _global_optimizer_pre_hooks or _global_optimizer_post_hooks:
+            return False
+        for leaf in _leaves(self.inner):
+            if type(leaf) not in _PER_PARAM_SAFE:
+                return False
+            if leaf._optimizer_step_pre_hooks or leaf._optimizer_step_post_hooks:
+                return False
+        return all(
+            p.device.type == "cpu" for g in self.param_groups if id(g) in ef_lags for p in g["params"]
+        )
+
+    def _ef_step_per_param(self, ef_lags) -> None:
+        """The inner step and EF, one parameter at a time; equal to the whole-model path.
+
+        The snapshot of ``x_before`` is one parameter, not the model, and lives in the buffer
+        the previous parameter of the same shape just freed, so the step allocates almost
+        nothing and its four extra passes run on memory that is still in cache.
+        """
+        spare: dict[tuple, torch.Tensor] = {}
+        for leaf in _leaves(self.inner):
+            groups = leaf.param_groups
+            saved = [g["params"] for g in groups]
+            try:
+                # Groups without EF first, in one ordinary step.
+                for g, params in zip(groups, saved):
+                    g["params"] = [] if id(g) in ef_lags else params
+                if any(params and id(g) not in ef_lags for g, params in zip(groups, saved)):
+                    leaf.step()
+                for g in groups:
+                    g["params"] = []
+                for g, params in zip(groups, saved):
+                    if id(g) not in ef_lags:
+                        continue
+                    for p in params:
+                        if p.grad is None:
+                            continue
+                        key = (p.shape, p.dtype)
+                        u = spare.pop(key).copy_(p) if key in spare else p.detach().clone()
+                        g["params"] = [p]
+                        leaf.step()
+                        prev = self._feedback(p, u, ef_lags[id(g)])
+                        if prev is not None:
+                            spare[key] = prev
+                    g["params"] = []
+            finally:
+                for g, params in zip(groups, saved):
+                    g["params"] = params
 
     # -- state ---------------------------------------------------------------------------------
     def _params(self) -> list[torch.Tensor]:

@@ -322,3 +322,71 @@ def test_bad_arguments_raise_value_error():
         Delayed(torch.optim.SGD([w], lr=-0.1), delay=1)
     with pytest.raises(TypeError):
         Delayed("adamw")
+
+
+class _HookedAdamW(torch.optim.AdamW):
+    """A subclass: not on the per-parameter allowlist, so EF takes the whole-model path."""
+
+
+def _ef_model_run(make_inner, whole_model: bool, calls=9, delay=(1, 0)):
+    """A model with two param groups (EF on the first, plain delay 0 on the second) and
+    parameters of several shapes; returns the final parameters and the path EF took."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)
+    )
+    params = list(model.parameters())
+    inner = make_inner(model, [{"params": params[:4]}, {"params": params[4:]}])
+    opt = Delayed(inner, delay=list(delay) if len(inner.param_groups) == 2 else delay[0], correction="ef")
+    paths = []
+    per_param = opt._ef_step_per_param
+    def spy(ef_lags):
+        paths.append("per-param")
+        per_param(ef_lags)
+    opt._ef_step_per_param = spy
+    if whole_model:
+        opt._steps_per_param = lambda ef_lags: False
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(calls):
+        x = torch.randn(5, 6, generator=gen)
+        (model(x).sin() ** 2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()], paths
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda m, groups: torch.optim.SGD(groups, lr=0.05, momentum=0.9, weight_decay=0.01),
+        lambda m, groups: torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1),
+        lambda m, groups: torch.optim.Adam(groups, lr=0.01, amsgrad=True),
+        lambda m, groups: build_optimizer("lmo", [p for p in m.parameters() if p.ndim == 2], lr=0.02),
+        lambda m, groups: build_optimizer("muon", m, lr=0.02),  # torch Muon + AdamW, combined
+    ],
+    ids=["sgd", "adamw", "adam-amsgrad", "lmo", "muon-combined"],
+)
+def test_per_parameter_ef_step_equals_the_whole_model_step(make_inner):
+    """On the CPU, EF steps these inners one parameter at a time (to keep the snapshot small
+    and in cache); the result must be the whole-model step's, bit for bit."""
+    fast, paths = _ef_model_run(make_inner, whole_model=False)
+    ref, ref_paths = _ef_model_run(make_inner, whole_model=True)
+    assert paths and not ref_paths
+    for a, b in zip(fast, ref):
+        assert torch.equal(a, b)
+
+
+def test_unknown_or_hooked_optimizers_keep_the_whole_model_step():
+    """Optimizers that may share statistics across parameters, or that have step hooks
+    (which would fire once per parameter), are stepped as a whole."""
+    _, paths = _ef_model_run(lambda m, groups: _HookedAdamW(groups, lr=0.01), whole_model=False)
+    assert not paths
+
+    def hooked(m, groups):
+        opt = torch.optim.AdamW(groups, lr=0.01)
+        opt.register_step_post_hook(lambda *a: calls.append(1))
+        return opt
+
+    calls = []
+    _, paths = _ef_model_run(hooked, whole_model=False, calls=4)
+    assert not paths and len(calls) == 4  # one inner step per call (group 2 has delay 0)
