@@ -20,6 +20,8 @@ _PER_PARAM_SAFE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.o
 
 
 def _leaves(opt: Optimizer) -> list[Optimizer]:
+    """The optimizers that ``opt.step()`` steps. Only a CombinedOptimizer is opened: its step is
+    exactly its children's steps, whereas a wrapper (a nested ``Delayed``) adds its own logic."""
     if isinstance(opt, CombinedOptimizer):
         return [leaf for child in opt.optimizers for leaf in _leaves(child)]
     return [opt]
@@ -273,7 +275,7 @@ class Delayed(Optimizer):
                 # Groups without EF first, in one ordinary step.
                 for g, params in zip(groups, saved):
                     g["params"] = [] if id(g) in ef_lags else params
-                if any(params and id(g) not in ef_lags for g, params in zip(groups, saved)):
+                if any(g["params"] for g in groups):
                     leaf.step()
                 for g in groups:
                     g["params"] = []

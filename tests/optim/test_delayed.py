@@ -324,20 +324,21 @@ def test_bad_arguments_raise_value_error():
         Delayed("adamw")
 
 
-class _HookedAdamW(torch.optim.AdamW):
+class _AdamWSubclass(torch.optim.AdamW):
     """A subclass: not on the per-parameter allowlist, so EF takes the whole-model path."""
 
 
-def _ef_model_run(make_inner, whole_model: bool, calls=9, delay=(1, 0)):
-    """A model with two param groups (EF on the first, plain delay 0 on the second) and
-    parameters of several shapes; returns the final parameters and the path EF took."""
+def _ef_model_run(make_inner, whole_model: bool, calls=9):
+    """EF on a small MLP (parameters of several shapes); returns the final parameters and
+    whether the per-parameter path ran. An inner with two param groups gets delay 1 (EF) on
+    the first and 0 (no EF) on the second; factory-built inners make their own groups."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)
     )
     params = list(model.parameters())
     inner = make_inner(model, [{"params": params[:4]}, {"params": params[4:]}])
-    opt = Delayed(inner, delay=list(delay) if len(inner.param_groups) == 2 else delay[0], correction="ef")
+    opt = Delayed(inner, delay=[1, 0] if len(inner.param_groups) == 2 else 1, correction="ef")
     paths = []
     per_param = opt._ef_step_per_param
     def spy(ef_lags):
@@ -379,7 +380,7 @@ def test_per_parameter_ef_step_equals_the_whole_model_step(make_inner):
 def test_unknown_or_hooked_optimizers_keep_the_whole_model_step():
     """Optimizers that may share statistics across parameters, or that have step hooks
     (which would fire once per parameter), are stepped as a whole."""
-    _, paths = _ef_model_run(lambda m, groups: _HookedAdamW(groups, lr=0.01), whole_model=False)
+    _, paths = _ef_model_run(lambda m, groups: _AdamWSubclass(groups, lr=0.01), whole_model=False)
     assert not paths
 
     def hooked(m, groups):
