@@ -1,8 +1,9 @@
 """`delaylab theory|toy|llm|reproduce|demo ...`: the command line.
 
 Each area registers its subcommands from ``delaylab.commands.<area>``. Library code reports
-bad input as ``ValueError`` (or ``FileNotFoundError``); here that becomes a one-line error on
-stderr and exit code 2. Set ``DELAYLAB_DEBUG=1`` to see the traceback instead.
+bad input and failed runs as a :class:`delaylab.errors.DelaylabError`; here, and only here, that
+becomes one line on stderr and the error's exit code (2 for bad input). Set ``DELAYLAB_DEBUG=1``
+to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import sys
 
 from delaylab import __version__
 from delaylab.commands import demo, llm, reproduce, theory, toy
-from delaylab.commands._common import OneLineParser, UsageError
+from delaylab.commands._common import OneLineParser
+from delaylab.errors import DelaylabError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,16 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    return exit_code_of(lambda: args.func(args))
+
+
+def exit_code_of(run) -> int:
+    """Call ``run()``; a :class:`DelaylabError` becomes one line on stderr and its exit code."""
     try:
-        return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError, ImportError) as err:
+        return int(run() or 0)
+    except DelaylabError as err:
         if os.environ.get("DELAYLAB_DEBUG"):
             raise
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"delaylab: error: {msg}", file=sys.stderr)
-        return 2
+        print(f"delaylab: {err.label}: {msg}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("delaylab: interrupted", file=sys.stderr)
         return 130

@@ -8,10 +8,11 @@ import sys
 from typing import Any, Callable
 
 from delaylab._io import dumps, jsonable, write_json  # noqa: F401  (re-exported for commands)
+from delaylab.errors import ConfigError
 
 
-class UsageError(ValueError):
-    """Bad input from the user: reported as one line on stderr, exit code 2."""
+class UsageError(ConfigError):
+    """Bad command-line input: reported as one line on stderr, exit code 2."""
 
 
 def emit(result: dict, as_json: bool, render: Callable[[dict], str] | None = None) -> None:

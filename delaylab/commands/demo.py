@@ -14,9 +14,9 @@ from delaylab.commands._common import add_json_flag, emit, positive_int
 def cmd_demo(args) -> int:
     from delaylab.commands.llm import _render_gaps
     from delaylab.llm.sweep import sweep
-    from delaylab.llm.train import TrainConfig
+    from delaylab.llm.config import Config
 
-    base = TrainConfig(preset="tiny", steps=args.steps, threads=1, eval_every=max(1, args.steps // 4))
+    base = Config.from_dict(preset="tiny", steps=args.steps, threads=1, eval_every=max(1, args.steps // 4))
     gaps = sweep(base, args.out, args.optimizers, ("sync", "delayed", "ef"), seeds=1, jobs=args.jobs)
 
     def render(g: dict) -> str:

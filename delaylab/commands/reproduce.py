@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 
-from delaylab.commands._common import UsageError, add_json_flag, emit, positive_int
+from delaylab.commands._common import add_json_flag, emit, positive_int
 
 PRESET_NAMES = ("cpu-small", "ci")  # listed for --help; delaylab.reproduce.presets validates
 
@@ -39,17 +38,9 @@ def _render(rep: dict) -> str:
 
 def cmd_reproduce(args) -> int:
     from delaylab.reproduce import get_preset, reproduce
-    from delaylab.reproduce.runner import RunFailed
 
-    try:
-        preset = get_preset(args.preset)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    try:
-        rep = reproduce(preset, args.out, jobs=args.jobs)
-    except RunFailed as err:  # a run crashed: its folder keeps what it had; rerunning resumes
-        print(f"delaylab: error: {err}", file=sys.stderr)
-        return 1
+    # A crashed run raises RunFailed (exit 1): its folder keeps what it had; rerunning resumes.
+    rep = reproduce(get_preset(args.preset), args.out, jobs=args.jobs)
     result = {"preset": rep["preset"], "out": rep["out"], "report": f"{rep['out']}/report.md",
               "summary": rep["summary"], "session": rep["session"]}
     emit(result if args.json else rep, args.json, _render)

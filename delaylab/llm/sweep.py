@@ -18,14 +18,16 @@ import json
 import math
 import shutil
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from delaylab._io import write_json
-from delaylab.llm.train import CHECKPOINT, Diverged, TrainConfig, config_differences, train
+from delaylab.errors import ConfigError, Diverged
+from delaylab.llm.config import Config
+from delaylab.llm.train import CHECKPOINT, train
 
-SWEEP_MODES = {"sync": ("sync", "none"), "delayed": ("delayed", "none"),
-               "ef": ("delayed", "ef"), "dc-asgd": ("delayed", "dc-asgd")}
+# Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
+SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"), "ef": (True, "ef"), "dc-asgd": (True, "dc-asgd")}
 
 
 @dataclass(frozen=True)
@@ -41,44 +43,45 @@ class Cell:
         mom = "default" if self.momentum is None else f"{self.momentum:g}"
         return f"{self.optimizer}_{self.mode}_lr{self.lr:g}_m{mom}_s{self.seed}"
 
-    def config(self, base: TrainConfig) -> TrainConfig:
-        mode, correction = SWEEP_MODES[self.mode]
-        return replace(base, optimizer=self.optimizer, mode=mode, correction=correction,
-                       lr=self.lr, momentum=self.momentum, seed=self.seed)
+    def config(self, base: Config) -> Config:
+        delayed, correction = SWEEP_MODES[self.mode]
+        delay = (base.delay.delay or 1) if delayed else 0
+        return base.replace(optimizer=self.optimizer, delay=delay, correction=correction,
+                            lr=self.lr, momentum=self.momentum, seed=self.seed).resolved("simulator")
 
 
-def plan(base: TrainConfig, optimizers, modes, lrs=None, momenta=None, seeds=1) -> list[Cell]:
+def plan(base: Config, optimizers, modes, lrs=None, momenta=None, seeds=1) -> list[Cell]:
     """The cells of the grid. ``lrs`` and ``momenta``: a list for every optimizer, or
     ``{optimizer: [...]}``; ``None`` (or a missing optimizer) uses the optimizer's default."""
     for m in modes:
         if m not in SWEEP_MODES:
-            raise ValueError(f"unknown sweep mode {m!r} (choose from {', '.join(SWEEP_MODES)})")
+            raise ConfigError(f"unknown sweep mode {m!r} (choose from {', '.join(SWEEP_MODES)})")
     seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not seeds or not optimizers or not modes:
-        raise ValueError("a sweep needs at least one optimizer, mode and seed")
+        raise ConfigError("a sweep needs at least one optimizer, mode and seed")
     cells = []
     for opt in optimizers:
-        replace(base, optimizer=opt).validate()  # unknown optimizer: fail before running anything
+        base.replace(optimizer=opt).resolved()  # unknown optimizer: fail before running anything
         grid = lrs.get(opt) if isinstance(lrs, dict) else lrs
-        for lr in grid or [replace(base, optimizer=opt, lr=None).resolved_lr()]:
+        for lr in grid or [base.replace(optimizer=opt, lr=None).resolved_lr()]:
             for mom in (momenta.get(opt) if isinstance(momenta, dict) else momenta) or [None]:
                 for mode in modes:
                     for seed in seeds:
                         cell = Cell(opt, mode, float(lr), mom, seed)
-                        cell.config(base).validate()
+                        cell.config(base)  # resolving checks it
                         cells.append(cell)
     return cells
 
 
 def run_cell(base: dict, cell: Cell, folder: str) -> dict:
     """Run (or read, or resume) one cell; a diverged run is a result, not an error."""
-    cfg = cell.config(TrainConfig.from_dict(base))
+    cfg = cell.config(Config.from_dict(base))
     folder = Path(folder)
     summary = folder / "summary.json"
     if summary.is_file():
         saved = json.loads((folder / "config.json").read_text())
-        if config_differences(cfg.to_dict(), saved):
-            raise ValueError(f"{folder} was run with another config; use another sweep folder")
+        if cfg.differences(saved):
+            raise ConfigError(f"{folder} was run with another config; use another sweep folder")
         return json.loads(summary.read_text())
     resume = (folder / CHECKPOINT).is_file()
     if not resume and folder.exists():
@@ -213,25 +216,25 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
     return written
 
 
-def sweep(base: TrainConfig, out, optimizers, modes=("sync", "delayed", "ef"), lrs=None,
+def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=None,
           momenta=None, seeds=1, jobs: int = 1, progress: bool | None = None) -> dict:
     """Run the grid (``jobs`` cells at a time, one thread each when ``jobs > 1``) and return gaps.json."""
     from tqdm.auto import tqdm
 
-    base.validate()
+    base.resolved()
     if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+        raise ConfigError(f"jobs must be >= 1, got {jobs}")
     cells = plan(base, optimizers, modes, lrs, momenta, seeds)
     out = Path(out)
     spec_path = out / "sweep.json"
-    base_dict = replace(base, progress=False).to_dict()
-    if jobs > 1 and base.threads is None:
+    base_dict = base.replace(progress=False).flat()
+    if jobs > 1 and base.run.threads is None:
         base_dict["threads"] = 1  # two single-threaded runs use two cores better than one with two
     if spec_path.is_file():
         saved = json.loads(spec_path.read_text())["base"]
-        diff = config_differences(base_dict, saved)
+        diff = Config.from_dict(base_dict).differences(saved)
         if diff:
-            raise ValueError(f"{out} holds a sweep with another base config ({'; '.join(diff)}); use another --out")
+            raise ConfigError(f"{out} holds a sweep with another base config ({'; '.join(diff)}); use another --out")
     write_json(spec_path, {"base": base_dict, "cells": [c.name for c in cells]})
     bar = tqdm(total=len(cells), disable=None if progress is None else not progress, desc="sweep", unit="run")
     results = {}
@@ -254,6 +257,6 @@ def sweep(base: TrainConfig, out, optimizers, modes=("sync", "delayed", "ef"), l
                 "seed": c.seed, "val_loss": results[c].get("val_loss")} for c in cells]
     gaps = summarize(records)
     gaps["figures"] = write_figures(gaps, out, cells)
-    gaps["steps"], gaps["preset"] = base.steps, base.preset
+    gaps["steps"], gaps["preset"] = base.run.steps, base.model.preset
     write_json(out / "gaps.json", gaps)
     return gaps

@@ -8,12 +8,13 @@
 """
 
 from delaylab.optim.delayed import CORRECTIONS, Delayed
-from delaylab.optim.factory import OPTIMIZERS, CombinedOptimizer, build_optimizer, retarget
+from delaylab.optim.factory import DEFAULTS, OPTIMIZERS, CombinedOptimizer, build_optimizer, retarget
 from delaylab.optim.lmo import NORMS, dual_norm, lmo, newton_schulz, primal_norm
 from delaylab.optim.lmo_momentum import LMOMomentum
 
 __all__ = [
     "CORRECTIONS",
+    "DEFAULTS",
     "NORMS",
     "OPTIMIZERS",
     "CombinedOptimizer",

@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from delaylab.errors import ConfigError
 from delaylab._io import jsonable, write_json
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
@@ -40,9 +41,9 @@ def _check_folder(p: Preset, out: Path) -> None:
         try:
             saved = json.loads(path.read_text())
         except json.JSONDecodeError:
-            raise ValueError(f"{path} is not valid JSON; use another --out") from None
+            raise ConfigError(f"{path} is not valid JSON; use another --out") from None
         if {k: saved.get(k) for k in GRID_FIELDS} != {k: spec[k] for k in GRID_FIELDS}:
-            raise ValueError(f"{out} holds a report of another grid (preset {saved.get('name')!r}); use another --out")
+            raise ConfigError(f"{out} holds a report of another grid (preset {saved.get('name')!r}); use another --out")
     else:
         write_json(path, {"name": p.name, **spec})
 

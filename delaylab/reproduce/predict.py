@@ -83,11 +83,12 @@ def optimizer_prediction(optimizer: str, momentum: float | None = None) -> dict:
 def undelayed_share(base: dict, first: int = 0, last: int = 0) -> float:
     """Share of Theorem 1's delay term, ``sum_t 2 L eta_t tau``, that undelayed updates remove
     when the first ``first`` or the last ``last`` updates run in sync (eta_t: the run's schedule)."""
-    from delaylab.llm.train import TrainConfig, lr_factor
+    from delaylab.llm.config import Config, lr_factor
 
-    cfg = TrainConfig.from_dict(base)
-    lrs = [lr_factor(k, cfg) for k in range(cfg.steps)]
-    undelayed = sum(lrs[:first]) + (sum(lrs[cfg.steps - last:]) if last else 0.0)
+    cfg = Config.from_dict(base)
+    steps = cfg.run.steps
+    lrs = [lr_factor(k, cfg) for k in range(steps)]
+    undelayed = sum(lrs[:first]) + (sum(lrs[steps - last:]) if last else 0.0)
     return undelayed / sum(lrs)
 
 

@@ -12,6 +12,7 @@ each; ``ci`` runs every part of the pipeline on a few seconds of training.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from delaylab.errors import ConfigError
 
 MITIGATIONS = ("ef", "dc-asgd", "sync-start", "sync-cooldown")
 
@@ -139,5 +140,5 @@ PRESETS: dict[str, Preset] = {
 
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+        raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
     return PRESETS[name]

@@ -30,17 +30,17 @@ def _flag(name: str, value) -> str:
 
 
 def train_flags(base: dict) -> list[str]:
-    """The ``delaylab llm train/sweep`` flags that give the TrainConfig fields ``base``."""
-    from delaylab.llm.train import TrainConfig
+    """The ``delaylab llm train/sweep`` flags that give the config fields ``base`` (flat)."""
+    from delaylab.llm.config import Config
 
-    default = TrainConfig().to_dict()
+    default = Config().flat()
     return [_flag(k, v) for k, v in base.items() if k != "progress" and v != default.get(k)]
 
 
 def _sweep_command(variant: str, base: dict, runs: list, out: str) -> list[str]:
     """``delaylab llm sweep`` commands whose grids are exactly ``runs`` (checked with sweep.plan)."""
+    from delaylab.llm.config import Config
     from delaylab.llm.sweep import plan as sweep_plan
-    from delaylab.llm.train import TrainConfig
 
     def command(rs) -> str | None:
         opts = list(dict.fromkeys(r.cell.optimizer for r in rs))
@@ -51,7 +51,7 @@ def _sweep_command(variant: str, base: dict, runs: list, out: str) -> list[str]:
         seeds = sorted({r.cell.seed for r in rs})
         if seeds != list(range(len(seeds))) or any(None in m and len(m) > 1 for m in moms.values()):
             return None
-        grid = sweep_plan(TrainConfig.from_dict(base), opts, modes, lrs,
+        grid = sweep_plan(Config.from_dict(base), opts, modes, lrs,
                           {o: m for o, m in moms.items() if m != [None]}, len(seeds))
         if {c.name for c in grid} != {r.cell.name for r in rs} or len(grid) != len(rs):
             return None

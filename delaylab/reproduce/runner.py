@@ -24,13 +24,16 @@ from pathlib import Path
 from typing import Callable
 
 from delaylab._io import write_json
+from delaylab.errors import ConfigError, DelaylabError
 from delaylab.llm.sweep import Cell
 
 SUMMARY = "summary.json"
 
 
-class RunFailed(RuntimeError):
-    """A run of the report raised; the message names its folder."""
+class RunFailed(DelaylabError, RuntimeError):
+    """A run of the report raised; the message names its folder (exit code 1; rerun to resume)."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +86,7 @@ def _toy(task: str, kwargs: dict) -> dict:
         return delay_cost(problem, kw.pop("method"), **kw)
     if task == "compare":
         return compare(problem, **kw)
-    raise ValueError(f"unknown toy task {task!r}")
+    raise ConfigError(f"unknown toy task {task!r}")
 
 
 def execute(run, out: str) -> bool:
@@ -139,7 +142,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
     from tqdm.auto import tqdm
 
     if workers < 1:
-        raise ValueError(f"jobs must be >= 1, got {workers}")
+        raise ConfigError(f"jobs must be >= 1, got {workers}")
     start = time.perf_counter()
     seen: set[str] = set()
     counts = counts if counts is not None else {}

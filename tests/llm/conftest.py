@@ -1,7 +1,7 @@
 import pytest
 
 from delaylab.llm.data import load_dataset
-from delaylab.llm.train import TrainConfig
+from delaylab.llm.config import Config
 
 
 @pytest.fixture(scope="session")
@@ -12,11 +12,11 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture
 def quick():
-    """A TrainConfig that runs in well under a second per few steps."""
+    """A Config that runs in well under a second per few steps."""
 
     def make(**kw):
         base = dict(preset="tiny", batch_size=4, block_size=32, steps=8, eval_every=4, eval_batches=2,
                     log_every=2, ckpt_every=0, threads=1, progress=False)
-        return TrainConfig(**{**base, **kw})
+        return Config.from_dict({**base, **kw})
 
     return make

@@ -14,7 +14,7 @@ from delaylab.llm.train import train
 
 def test_delay_gap_of_adamw_exceeds_muons(quick, corpus):
     def gap(optimizer, lr):
-        runs = {mode: train(quick(optimizer=optimizer, lr=lr, mode=mode, steps=150, batch_size=16, block_size=64,
+        runs = {mode: train(quick(optimizer=optimizer, lr=lr, delay=int(mode == "delayed"), steps=150, batch_size=16, block_size=64,
                                   eval_every=150, eval_batches=8, log_every=50), dataset=corpus)["val_loss"]
                 for mode in ("sync", "delayed")}
         return runs["delayed"] - runs["sync"]

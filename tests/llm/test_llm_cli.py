@@ -20,7 +20,7 @@ def run(capsys, *argv):
 
 def test_train_json_prints_the_summary_and_writes_the_run(tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, err = run(capsys, "llm", "train", *QUICK, "--optimizer", "muon", "--mode", "delayed",
+    code, stdout, err = run(capsys, "llm", "train", *QUICK, "--optimizer", "muon", "--delay", "1",
                             "--correction", "ef", "--steps", "6", "--out", str(out), "--json")
     assert code == 0
     summary = json.loads(stdout)  # exactly one JSON object
@@ -31,11 +31,11 @@ def test_train_json_prints_the_summary_and_writes_the_run(tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text()) == summary
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines][-1] == 6
-    assert json.loads((out / "config.json").read_text())["optimizer"] == "muon"
+    assert json.loads((out / "config.json").read_text())["optim"]["optimizer"] == "muon"
 
 
 def test_cli_resume_matches_an_uninterrupted_run(tmp_path, capsys):
-    args = [*QUICK, "--optimizer", "adamw", "--mode", "delayed", "--steps", "6", "--json"]
+    args = [*QUICK, "--optimizer", "adamw", "--delay", "1", "--steps", "6", "--json"]
     run(capsys, "llm", "train", *args, "--out", str(tmp_path / "a"))
     full = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert run(capsys, "llm", "train", *args, "--out", str(tmp_path / "b"), "--stop-at", "3")[0] == 0
@@ -46,7 +46,7 @@ def test_cli_resume_matches_an_uninterrupted_run(tmp_path, capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["--preset", "huge"], "unknown preset"),
     (["--optimizer", "nadam"], "unknown optimizer"),
-    (["--mode", "async"], "unknown mode"),
+    (["--delay", "-1"], "delay must be an integer >= 0"),
     (["--lr", "0"], "lr must be > 0"),
     (["--steps", "0"], "steps must be >= 1"),
     (["--data", "/nonexistent/corpus.txt"], "not found"),

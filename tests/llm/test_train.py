@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from delaylab.llm.model import GPT
-from delaylab.llm.train import Diverged, Trainer, lr_factor, stage_ranges, train
+from delaylab.errors import ConfigError, Diverged
+from delaylab.llm.config import lr_factor
+from delaylab.llm.model import stage_ranges
+from delaylab.llm.train import Trainer, train
 
 
 def weights(trainer):
@@ -14,7 +17,7 @@ def weights(trainer):
 
 @pytest.mark.parametrize("opt,correction,delay", [("muon", "ef", 1), ("adamw", "dc-asgd", 2), ("adamw", "none", [1, 0])])
 def test_resume_is_bit_exact(quick, corpus, tmp_path, opt, correction, delay):
-    cfg = quick(optimizer=opt, mode="delayed", correction=correction, delay=delay, steps=12, eval_every=6)
+    cfg = quick(optimizer=opt, correction=correction, delay=delay, steps=12, eval_every=6)
     full = train(cfg, tmp_path / "full", dataset=corpus)
     part = train(cfg, tmp_path / "part", stop_at=5, dataset=corpus)
     assert part["status"] == "stopped" and part["steps"] == 5
@@ -58,8 +61,8 @@ def test_sync_mode_is_a_plain_pytorch_loop(quick, corpus):
 def test_delayed_sgd_uses_batch_k_at_the_weights_of_update_k_minus_tau(quick, corpus):
     """x_{k+1} = x_k - lr * grad f(x_{max(0, k - tau)}; batch k), written out by hand."""
     lr, tau, steps = 0.5, 2, 6
-    cfg = quick(optimizer="sgd", lr=lr, momentum=0.0, schedule="constant", warmup=0,
-                mode="delayed", delay=tau, steps=steps)
+    cfg = quick(optimizer="sgd", lr=lr, momentum=0.0, lr_schedule="constant", warmup=0,
+                delay=tau, steps=steps)
     trainer = Trainer(cfg, corpus)
     history = [[p.detach().clone() for p in trainer.model.parameters()]]
     model = GPT(trainer.model_cfg)
@@ -76,14 +79,14 @@ def test_delayed_sgd_uses_batch_k_at_the_weights_of_update_k_minus_tau(quick, co
     for a, b in zip(trainer.model.parameters(), history[steps]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # and the delay mattered: plain SGD ends elsewhere
-    sync = Trainer(quick(optimizer="sgd", lr=lr, momentum=0.0, schedule="constant", warmup=0, steps=steps), corpus)
+    sync = Trainer(quick(optimizer="sgd", lr=lr, momentum=0.0, lr_schedule="constant", warmup=0, steps=steps), corpus)
     while sync.updates < steps:
         sync.step()
     assert max((a - b).abs().max() for a, b in zip(sync.model.parameters(), history[steps])) > 1e-3
 
 
 def test_per_stage_delays_hold_back_the_early_stages(quick, corpus):
-    cfg = quick(optimizer="muon", mode="delayed", delay=[1, 0], steps=3)
+    cfg = quick(optimizer="muon", delay=[1, 0], steps=3)
     trainer = Trainer(cfg, corpus)
     before = weights(trainer)
     trainer.step()  # stage 0 (embed, blocks.0) only queues; stage 1 (blocks.1, head) updates
@@ -100,7 +103,7 @@ def test_per_stage_delays_hold_back_the_early_stages(quick, corpus):
 def test_each_stage_follows_the_lr_schedule_by_its_own_update_count(quick, corpus):
     """With delays [2, 0] the first stage's k-th update (on call k + 2) still gets lr_factor(k),
     as each stage's scheduler gives it in the pipeline engine; the inner optimizer is watched."""
-    cfg = quick(optimizer="sgd", lr=0.1, momentum=0.0, mode="delayed", delay=[2, 0], steps=6, warmup=2)
+    cfg = quick(optimizer="sgd", lr=0.1, momentum=0.0, delay=[2, 0], steps=6, warmup=2)
     trainer = Trainer(cfg, corpus)
     inner = trainer.opt.inner
     seen = [[] for _ in inner.param_groups]
@@ -121,7 +124,7 @@ def test_each_stage_follows_the_lr_schedule_by_its_own_update_count(quick, corpu
 
 
 def test_n_layer_overrides_the_preset_depth(quick, corpus):
-    cfg = quick(preset="tiny", n_layer=8, mode="delayed", delay=list(range(7, -1, -1)), steps=2,
+    cfg = quick(preset="tiny", n_layer=8, delay=list(range(7, -1, -1)), steps=2,
                 tie_embeddings=False)
     trainer = Trainer(cfg, corpus)
     assert len(trainer.model.blocks) == 8 and trainer.opt.delays[0] == 7
@@ -147,12 +150,12 @@ def test_lr_schedules_by_hand(quick):
     assert lr_factor(5, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     warm = quick(steps=100, warmup=10)
     assert [lr_factor(k, warm) for k in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
-    wsd = quick(steps=10, warmup=0, schedule="wsd", wsd_decay=0.5, min_lr_ratio=0.0)
+    wsd = quick(steps=10, warmup=0, lr_schedule="wsd", wsd_decay=0.5, min_lr_ratio=0.0)
     assert [lr_factor(k, wsd) for k in range(10)] == pytest.approx([1] * 5 + [0.8, 0.6, 0.4, 0.2, 0.0])
 
 
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(quick, corpus, tmp_path):
-    cfg = quick(optimizer="sgd", lr=1e4, momentum=0.0, schedule="constant", warmup=0, steps=50, ckpt_every=1)
+    cfg = quick(optimizer="sgd", lr=1e4, momentum=0.0, lr_schedule="constant", warmup=0, steps=50, ckpt_every=1)
     with pytest.raises(Diverged, match="loss is (nan|inf)") as err:
         train(cfg, tmp_path, dataset=corpus)
     assert "\n" not in str(err.value) and "last good checkpoint" in str(err.value)
@@ -182,18 +185,19 @@ def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
 
 @pytest.mark.parametrize("bad,match", [
     (dict(preset="huge"), "unknown preset"), (dict(optimizer="rmsprop"), "unknown optimizer"),
-    (dict(mode="async"), "unknown mode"), (dict(lr=0.0), "lr must be > 0"), (dict(steps=0), "steps must be >= 1"),
-    (dict(correction="ef"), "needs --mode delayed"), (dict(mode="delayed", delay=[1, 0, 0]), "3 stage delays"),
-    (dict(n_layer=0), "n_layer must be >= 1"),
+    (dict(delay=-1), "delay must be"), (dict(lr=0.0), "lr must be > 0"), (dict(steps=0), "steps must be >= 1"),
+    (dict(correction="ef"), "needs a delay"), (dict(delay=[1, 0, 0]), "3 stages but the model has only 2"),
+    (dict(n_layer=0), "n_layer must be >= 1"), (dict(delay=1, schedule="gpipe"), "contradicts schedule"),
+    (dict(device="cuda:7"), "no CUDA device|GPUs needed"),
 ])
-def test_bad_configs_are_value_errors(quick, bad, match):
-    with pytest.raises(ValueError, match=match):
-        quick(**bad).validate()
+def test_bad_configs_are_config_errors(quick, bad, match):
+    with pytest.raises(ConfigError, match=match):
+        quick(**bad).resolved()
 
 
 def test_gradient_accumulation_averages_the_microbatch_gradients(quick, corpus):
     lr = 0.1
-    cfg = quick(optimizer="sgd", lr=lr, momentum=0.0, schedule="constant", warmup=0, grad_accum=2, steps=1)
+    cfg = quick(optimizer="sgd", lr=lr, momentum=0.0, lr_schedule="constant", warmup=0, grad_accum=2, steps=1)
     trainer = Trainer(cfg, corpus)
     model = GPT(trainer.model_cfg)
     model.load_state_dict(trainer.model.state_dict())
@@ -213,20 +217,20 @@ def test_sync_start_and_cooldown_reach_the_optimizer(quick, corpus):
     def final_val(**kw):
         return train(quick(steps=6, **kw), dataset=corpus)["val_loss"]
 
-    sync, delayed = final_val(), final_val(mode="delayed")
+    sync, delayed = final_val(), final_val(delay=1)
     assert sync != delayed
-    assert final_val(mode="delayed", sync_start=6) == sync  # every update undelayed
-    assert final_val(mode="delayed", sync_cooldown=6) == sync
-    partial = final_val(mode="delayed", sync_start=3)
+    assert final_val(delay=1, sync_start=6) == sync  # every update undelayed
+    assert final_val(delay=1, sync_cooldown=6) == sync
+    partial = final_val(delay=1, sync_start=3)
     assert partial not in (sync, delayed)
-    s = train(quick(mode="delayed", delay=2, steps=6, sync_start=3), dataset=corpus)
+    s = train(quick(delay=2, steps=6, sync_start=3), dataset=corpus)
     assert s["calls"] == 8  # 3 sync updates, a fill of 2 calls, 3 delayed updates
 
 
 @pytest.mark.parametrize("name", ["lion", "soap", "adan", "mars"])
 def test_third_party_optimizers_train_delayed_with_ef(quick, corpus, name):
     pytest.importorskip("pytorch_optimizer")
-    cfg = quick(optimizer=name, mode="delayed", correction="ef", steps=3)
+    cfg = quick(optimizer=name, delay=1, correction="ef", steps=3)
     trainer = Trainer(cfg, corpus)
     before = weights(trainer)
     while trainer.updates < 3:

@@ -2,23 +2,23 @@
 
 import torch
 
-from delaylab.llm.pipeline.engine import PipelineConfig
+from delaylab.llm.config import Config
 from delaylab.llm.train import Trainer
 
 
-def small(**kw) -> PipelineConfig:
+def small(**kw) -> Config:
     """The 4-layer preset on 2 x 16-token microbatches: seconds per run, one thread per rank."""
     base = dict(preset="small", batch_size=2, block_size=16, steps=10, eval_batches=1, log_every=5,
                 ckpt_every=0, threads=1, progress=False, device="cpu")
-    return PipelineConfig(**{**base, **kw})
+    return Config.from_dict({**base, **kw}).resolved("pipeline")
 
 
-def reference_model(cfg: PipelineConfig) -> dict:
+def reference_model(cfg: Config) -> dict:
     """Final weights of the single-process run of ``cfg`` (``delaylab.optim.Delayed`` in one process):
     the trainer's own loop (``Trainer.step``: M microbatches, ``(loss / M).backward()``, one
     ``Delayed.step()``, each param group's LR indexed by its own update count)."""
-    trainer = Trainer(cfg.train_config())
-    while trainer.updates < trainer.cfg.steps:
+    trainer = Trainer(cfg)  # the same config, run by the simulator
+    while trainer.updates < trainer.cfg.run.steps:
         trainer.step()
     return trainer.model.state_dict()
 

@@ -20,15 +20,15 @@ CORRECTIONS = ("none", "ef")
 
 
 def jobs_for(P):
-    jobs = {(f"2bw-{o}-{c}"): small(pipeline="2bw", stages=P, microbatches=max(P - 1, 2), optimizer=o, correction=c)
+    jobs = {(f"2bw-{o}-{c}"): small(schedule="2bw", stages=P, grad_accum=max(P - 1, 2), optimizer=o, correction=c)
             for o in OPTIMIZERS for c in CORRECTIONS}
-    jobs["pipedream-adamw"] = small(pipeline="pipedream", stages=P, microbatches=1, optimizer="adamw", correction="ef")
+    jobs["pipedream-adamw"] = small(schedule="pipedream", stages=P, grad_accum=1, optimizer="adamw", correction="ef")
     if P == 2:  # the synchronous schedules need no more depth to be told apart from 2bw
-        jobs["gpipe-muon"] = small(pipeline="gpipe", stages=P, microbatches=3, optimizer="muon")
-        jobs["1f1b-adamw"] = small(pipeline="1f1b", stages=P, microbatches=3, optimizer="adamw")
+        jobs["gpipe-muon"] = small(schedule="gpipe", stages=P, grad_accum=3, optimizer="muon")
+        jobs["1f1b-adamw"] = small(schedule="1f1b", stages=P, grad_accum=3, optimizer="adamw")
         # torch.distributed.pipelining's runtime on the same stages, data and optimizer.
-        jobs["torch-1f1b-adamw"] = small(pipeline="torch-1f1b", stages=P, microbatches=3, optimizer="adamw")
-        jobs["torch-gpipe-sgd"] = small(pipeline="torch-gpipe", stages=P, microbatches=2, optimizer="sgd")
+        jobs["torch-1f1b-adamw"] = small(schedule="torch-1f1b", stages=P, grad_accum=3, optimizer="adamw")
+        jobs["torch-gpipe-sgd"] = small(schedule="torch-gpipe", stages=P, grad_accum=2, optimizer="sgd")
     return jobs
 
 
@@ -68,5 +68,5 @@ def test_pipedream_equals_per_stage_delays_bitwise(pipeline_runs):
 def test_sync_schedules_equal_sync_simulator_bitwise(pipeline_runs, name):
     got = _check(pipeline_runs, name)
     # The check tells the semantics apart: the delayed run of the same config differs.
-    delayed = reference_model(small(pipeline="2bw", stages=2, microbatches=3, optimizer=name.split("-")[-1]))
+    delayed = reference_model(small(schedule="2bw", stages=2, grad_accum=3, optimizer=name.split("-")[-1]))
     assert max_abs_diff(got, delayed) > 1e-4

@@ -19,9 +19,9 @@ def run_cli(argv) -> int:
     [
         (["--stages", "5", "--preset", "small"], "5 stages but the model has only 4 layers"),
         (["--stages", "4", "--preset", "small", "--microbatches", "2"], "needs microbatches >= stages - 1 = 3"),
-        (["--schedule", "zb"], "invalid choice: 'zb'"),
+        (["--schedule", "zb"], "unknown schedule 'zb'"),
         (["--schedule", "pipedream", "--microbatches", "4"], "use microbatches=1"),
-        (["--schedule", "1f1b", "--correction", "ef"], "needs a delayed schedule"),
+        (["--schedule", "1f1b", "--correction", "ef"], "needs a delay"),
         (["--correction", "dc-asgd"], "supports correction none or ef"),
         (["--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
         (["--stages", "0"], "must be >= 1"),

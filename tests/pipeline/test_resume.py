@@ -23,7 +23,7 @@ def _without_time(path):
 def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(tmp_path):
     # AdamW + EF: both weight versions, Adam moments and the EF buffer must come back;
     # dropout: the per-microbatch RNG seeding must too.
-    cfg = small(pipeline="2bw", stages=2, microbatches=2, optimizer="adamw", correction="ef",
+    cfg = small(schedule="2bw", stages=2, grad_accum=2, optimizer="adamw", correction="ef",
                 dropout=0.1, ckpt_every=4, log_every=3)
     full = tmp_path / "full"
     summary = train_pipeline(cfg, full)
@@ -63,7 +63,7 @@ def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
     (folder / "ckpt" / "step_0000004").mkdir(parents=True)
     for s in range(2):
         (folder / "ckpt" / "step_0000004" / f"stage_{s}.pt").write_bytes(b"")
-    (folder / "config.json").write_text(json.dumps(small(optimizer="muon").resolve().to_dict()))
+    (folder / "config.json").write_text(json.dumps(small(optimizer="muon").to_dict()))
     with pytest.raises(ValueError, match="another config: optimizer='adamw' vs 'muon'"):
         train_pipeline(small(optimizer="adamw"), folder, resume=True)
     assert main(["llm", "pipeline", "--resume", str(folder), "--optimizer", "sgd"]) == 2

@@ -25,5 +25,5 @@ def test_torchrun_runs_the_ranks_and_only_the_last_prints_the_summary(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout)  # exactly one JSON object: rank 0 prints nothing
     assert summary["schedule"] == "2bw" and summary["steps"] == 10 and summary["backend"] == "gloo"
-    cfg = small(pipeline="2bw", stages=2, microbatches=2, optimizer="muon")
+    cfg = small(schedule="2bw", stages=2, grad_accum=2, optimizer="muon")
     assert max_abs_diff(load_model(out), reference_model(cfg)) == 0.0

@@ -32,9 +32,9 @@ def test_direction_beta_follows_the_factory():
 
 
 def test_undelayed_share_of_the_delay_term():
-    base = dict(steps=40, schedule="constant", warmup=0)
+    base = dict(steps=40, lr_schedule="constant", warmup=0)
     assert math.isclose(predict.undelayed_share(base, first=10), 0.25)
     assert math.isclose(predict.undelayed_share(base, last=4), 0.1)
     # linear warmup of 8 updates, then constant: the first 8 carry (1+...+8)/8 = 4.5 of the 4.5 + 29 lr units
-    warm = dict(steps=37, schedule="constant", warmup=8)
+    warm = dict(steps=37, lr_schedule="constant", warmup=8)
     assert math.isclose(predict.undelayed_share(warm, first=8), 4.5 / (4.5 + 29), rel_tol=1e-12)

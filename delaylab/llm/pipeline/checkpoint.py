@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from delaylab.errors import ConfigError
 from delaylab._io import save_torch
 
 _STEP = re.compile(r"^step_(\d+)$")
@@ -61,4 +62,4 @@ def load_stage(root: Path, step: int, stage: int) -> dict:
     except FileNotFoundError:
         raise
     except Exception as err:
-        raise ValueError(f"{path}: not a pipeline checkpoint ({type(err).__name__})") from None
+        raise ConfigError(f"{path}: not a pipeline checkpoint ({type(err).__name__})") from None

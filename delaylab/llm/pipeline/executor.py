@@ -34,7 +34,7 @@ from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
-from delaylab.llm.train import Diverged
+from delaylab.errors import ConfigError, Diverged
 from delaylab.optim import retarget
 
 
@@ -64,6 +64,7 @@ class StageExecutor:
         seed_for: Callable[[int], int] | None = None,
         sync_timing: bool = False,
         record_updates: int = 100,
+        tied_group=None,
     ):
         self.stage, self.schedule, self.p2p = stage, schedule, p2p
         self.index = stage.index
@@ -82,6 +83,10 @@ class StageExecutor:
         self.max_in_flight = 0
         self.activation_bytes = 0  # what autograd keeps of one microbatch's forward
         self._measured = False
+        # Tied embeddings: this stage's name of the shared matrix, whose gradient is summed with
+        # the other holder's (the first or the last stage) over ``tied_group`` before each update.
+        self.tied_group = tied_group
+        self._tied_name = stage.tied_name() if tied_group is not None else None
 
     # -- the interpreter ------------------------------------------------------------------------
     def run(self) -> None:
@@ -156,6 +161,11 @@ class StageExecutor:
                 torch._foreach_copy_(list(target.parameters()), list(base.parameters()))
             params = dict(target.named_parameters())
             retarget(self.opt, [params[name] for name in self._order])
+        if self.tied_group is not None:
+            import torch.distributed as dist
+
+            grad = dict(target.named_parameters())[self._tied_name].grad
+            dist.all_reduce(grad, group=self.tied_group)  # embedding + head gradient, on both
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
@@ -241,7 +251,7 @@ class StageExecutor:
 
     def load_state_dict(self, sd: dict) -> None:
         if len(sd["slots"]) != len(self.slots):
-            raise ValueError(f"checkpoint has {len(sd['slots'])} weight slots, this stage keeps {len(self.slots)}")
+            raise ConfigError(f"checkpoint has {len(sd['slots'])} weight slots, this stage keeps {len(self.slots)}")
         for slot, state in zip(self.slots, sd["slots"]):
             slot.load_state_dict(state)
         self.opt.load_state_dict(sd["optimizer"])
@@ -274,7 +284,7 @@ class TorchScheduleExecutor(StageExecutor):
 
     def __init__(self, stage: Stage, schedule: Schedule, p2p: P2P, *, torch_schedule: str, **kw):
         if schedule.delay(stage.index) != 0:
-            raise ValueError("torch's schedules are synchronous: build them on a gpipe/1f1b Schedule")
+            raise ConfigError("torch's schedules are synchronous: build them on a gpipe/1f1b Schedule")
         super().__init__(stage, schedule, p2p, **kw)
         self.torch_schedule = torch_schedule
 
@@ -292,7 +302,7 @@ class TorchScheduleExecutor(StageExecutor):
             data = [self.batch(n) for n in range(b * M, (b + 1) * M)] if st.first or st.last else None
             with self._amp():
                 if st.first and st.last:
-                    raise ValueError("torch's schedules need at least 2 stages")
+                    raise ConfigError("torch's schedules need at least 2 stages")
                 if st.first:
                     runner.step(torch.cat([x for x, _ in data]))
                 elif st.last:

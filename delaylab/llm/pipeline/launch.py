@@ -16,87 +16,98 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from delaylab.errors import ConfigError, DelaylabError, MissingFile
+from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
+from delaylab.llm.harness import CONFIG, RunFolder
 from delaylab.llm.pipeline import checkpoint
-from delaylab.llm.pipeline.engine import FAILURE, PipelineConfig, _check_same_run, _device, run_rank
+from delaylab.llm.pipeline.engine import FAILURE, run_rank
 
 
-class PipelineFailed(RuntimeError):
-    """A rank of the pipeline failed; the message names it."""
+class PipelineFailed(DelaylabError, RuntimeError):
+    """A rank of the pipeline failed; the message names it (exit code 1)."""
+
+    exit_code = 1
 
 
 def _entry(cfg_dict: dict, out: str, resume: bool, stop_at: int | None):
-    return run_rank(PipelineConfig.from_dict(cfg_dict), out, resume, stop_at)
+    return run_rank(Config.from_dict(cfg_dict), out, resume, stop_at)
 
 
 def _entry_jobs(jobs: list[tuple[dict, str, bool]]):
-    first = PipelineConfig.from_dict(jobs[0][0]).validate()
-    device = _device(first, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    first = Config.from_dict(jobs[0][0]).resolved("pipeline")
+    device = first.torch_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=first.timeout))
-    results = [run_rank(PipelineConfig.from_dict(c), out, resume) for c, out, resume in jobs]
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=timedelta(seconds=first.parallel.timeout))
+    results = [run_rank(Config.from_dict(c), out, resume) for c, out, resume in jobs]
     dist.destroy_process_group()
     return results
 
 
-def run_jobs(jobs: list[tuple[PipelineConfig, str | os.PathLike]]) -> list[dict]:
+def _load_data(cfg: Config) -> None:
+    """Tokenize (and cache) the data once here, not in every rank; bad data fails here."""
+    d = cfg.data
+    load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)
+
+
+def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
     """Run several pipeline runs back to back in one set of ranks (one start-up for all).
 
     Every job needs the same number of stages; returns their summaries in order.
     """
     if not jobs:
         return []
-    stages = {cfg.validate().stages for cfg, _ in jobs}
+    jobs = [(cfg.resolved("pipeline"), out) for cfg, out in jobs]
+    stages = {cfg.parallel.stages for cfg, _ in jobs}
     if len(stages) != 1:
-        raise ValueError(f"run_jobs needs one stage count for all jobs, got {sorted(stages)}")
+        raise ConfigError(f"run_jobs needs one stage count for all jobs, got {sorted(stages)}")
     for cfg, out in jobs:
         check_folder(cfg, out, resume=False)
-        load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
+        _load_data(cfg)
         Path(out).mkdir(parents=True, exist_ok=True)
     P = stages.pop()
     results = launch(_entry_jobs, P, [(cfg.to_dict(), str(out), False) for cfg, out in jobs])
     return results[P - 1]
 
 
-def check_folder(cfg: PipelineConfig, out: str | os.PathLike, resume: bool) -> None:
+def check_folder(cfg: Config, out: str | os.PathLike, resume: bool) -> None:
     """Raise (one line) unless ``out`` can take a new run, or holds a resumable run of ``cfg``."""
-    out = Path(out)
+    cfg, out = cfg.resolved("pipeline"), Path(out)
+    run = RunFolder(cfg, out, marks=("ckpt",))
     if not resume:
-        if any((out / name).exists() for name in ("config.json", "summary.json", "ckpt")):
-            raise ValueError(f"{out} already holds a run: resume it or choose another output folder")
+        run.check_new()
         return
-    if checkpoint.latest_complete(out / "ckpt", cfg.stages) is None:
-        raise FileNotFoundError(f"no complete pipeline checkpoint to resume in {out / 'ckpt'}")
-    saved = out / "config.json"
-    if saved.is_file():
-        _check_same_run(cfg, json.loads(saved.read_text()), out)
+    if checkpoint.latest_complete(out / "ckpt", cfg.parallel.stages) is None:
+        raise MissingFile(f"no complete pipeline checkpoint to resume in {out / 'ckpt'}")
+    if (out / CONFIG).is_file():
+        run.check_same_run(json.loads((out / CONFIG).read_text()))
 
 
-def train_pipeline(cfg: PipelineConfig, out: str | os.PathLike, *, resume: bool = False,
+def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
                    stop_at: int | None = None) -> dict:
     """Spawn one process per stage, run ``cfg`` and return the summary (also in ``out/summary.json``).
 
-    Bad configurations raise ``ValueError`` here, before any process starts; a failed rank
+    Bad configurations raise :class:`ConfigError` here, before any process starts; a failed rank
     raises :class:`PipelineFailed` naming it. ``resume`` and ``stop_at``: see :func:`run_rank`.
     """
-    cfg.validate()
+    cfg = cfg.resolved("pipeline")
     if stop_at is not None and stop_at < 1:
-        raise ValueError(f"stop_at must be >= 1, got {stop_at}")
+        raise ConfigError(f"stop_at must be >= 1, got {stop_at}")
     check_folder(cfg, out, resume)
-    # Tokenize (and cache) the data once here, not in every rank.
-    load_dataset(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, cfg.text_field)
+    _load_data(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / FAILURE).unlink(missing_ok=True)
     try:
-        results = launch(_entry, cfg.stages, cfg.to_dict(), str(out), resume, stop_at)
+        results = launch(_entry, cfg.parallel.stages, cfg.to_dict(), str(out), resume, stop_at)
     except PipelineFailed as err:
         if (out / FAILURE).is_file():
             first = json.loads((out / FAILURE).read_text())
             raise PipelineFailed(f"pipeline stopped: rank {first['rank']} failed ({first['reason']})") from None
         raise err from None
-    return results[cfg.stages - 1]
+    return results[cfg.parallel.stages - 1]
 
 
 def launch(fn, nprocs: int, *args) -> dict:

@@ -29,18 +29,19 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_costs(cfg, device: torch.device, repeats: int = 5, link_gbps: float = 100.0) -> Costs:
-    """Median seconds of F, B and U per stage of ``cfg`` (a PipelineConfig) for one microbatch."""
+    """Median seconds of F, B and U per stage of ``cfg`` (a :class:`Config`) for one microbatch."""
     from delaylab.llm.pipeline.engine import optimizer_factory
 
-    cfg.validate()
-    model_cfg = cfg.model_config(256 if cfg.tokenizer == "byte" else cfg.vocab_size)
-    torch.manual_seed(cfg.seed)
+    cfg = cfg.resolved("pipeline")
+    P = cfg.parallel.stages
+    model_cfg = cfg.model_config(256 if cfg.data.tokenizer == "byte" else cfg.data.vocab_size)
+    torch.manual_seed(cfg.run.seed)
     model = GPT(model_cfg)
-    B, T, d = cfg.batch_size, model_cfg.block_size, model_cfg.d_model
+    B, T, d = cfg.data.batch_size, model_cfg.block_size, model_cfg.d_model
     make = optimizer_factory(cfg)
     f, b, u = [], [], []
-    for s in range(cfg.stages):
-        stage = Stage(model, s, cfg.stages).to(device)
+    for s in range(P):
+        stage = Stage(model, s, P).to(device)
         opt = make(stage, 0)
         idx = torch.randint(0, model_cfg.vocab_size, (B, T), device=device)
         times = {"F": [], "B": [], "U": []}
@@ -70,11 +71,11 @@ def measure_costs(cfg, device: torch.device, repeats: int = 5, link_gbps: float 
         stage.to("cpu")
         del opt
     send = B * T * d * 4 / (link_gbps * 1e9)  # float32 activations on the wire
-    return Costs.make(cfg.stages, f, b, u, send=send)
+    return Costs.make(P, f, b, u, send=send)
 
 
 def main(argv=None) -> int:
-    from delaylab.llm.pipeline.engine import PipelineConfig
+    from delaylab.llm.config import Config
 
     ap = argparse.ArgumentParser(description="Predict 2bw vs 1f1b/gpipe from per-stage costs measured on one device.")
     ap.add_argument("--preset", default="135m")
@@ -87,13 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--link-gbps", type=float, default=100.0, help="assumed link bandwidth, GB/s (default 100)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    cfg = PipelineConfig(preset=args.preset, stages=args.stages, microbatches=args.microbatches,
-                         batch_size=args.batch_size, block_size=args.block_size, optimizer=args.optimizer)
-    try:
-        costs = measure_costs(cfg, torch.device(args.device), link_gbps=args.link_gbps)
-    except ValueError as err:
-        print(f"profile: error: {err}", file=sys.stderr)
-        return 2
+    cfg = Config.from_dict(preset=args.preset, stages=args.stages, grad_accum=args.microbatches, device="cpu",
+                           batch_size=args.batch_size, block_size=args.block_size, optimizer=args.optimizer)
+    costs = measure_costs(cfg, torch.device(args.device), link_gbps=args.link_gbps)
     tokens = args.microbatches * args.batch_size * args.block_size
     result = {"preset": args.preset, "stages": args.stages, "microbatches": args.microbatches,
               "tokens_per_batch": tokens, "device": args.device,
@@ -118,4 +115,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from delaylab.cli import exit_code_of
+
+    sys.exit(exit_code_of(main))

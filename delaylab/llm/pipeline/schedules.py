@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterator
+from delaylab.errors import ConfigError
 
 SCHEDULES = ("gpipe", "1f1b", "2bw", "pipedream")
 
@@ -96,9 +97,9 @@ class Schedule:
     def __post_init__(self) -> None:
         check_config(self.name, self.stages, self.microbatches)
         if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if not 0 <= self.start < self.steps:
-            raise ValueError(f"start must be in [0, steps={self.steps}), got {self.start}")
+            raise ConfigError(f"start must be in [0, steps={self.steps}), got {self.start}")
 
     # -- the delay model --------------------------------------------------------------------
     def delay(self, stage: int) -> int:
@@ -138,7 +139,7 @@ class Schedule:
     def iter_actions(self, stage: int) -> Iterator[Action]:
         """Stage ``stage``'s actions in order, generated lazily (a long run has millions)."""
         if not 0 <= stage < self.stages:
-            raise ValueError(f"stage must be in [0, {self.stages}), got {stage}")
+            raise ConfigError(f"stage must be in [0, {self.stages}), got {stage}")
         return (self._action(stage, op, n) for op, n in self._order(stage))
 
     def _order(self, s: int) -> Iterator[tuple[str, int]]:
@@ -193,19 +194,19 @@ def _interleave(fwd: range, bwd: range, warmup: int) -> Iterator[tuple[str, int]
 def check_config(name: str, stages: int, microbatches: int, n_layer: int | None = None) -> None:
     """Raise ``ValueError`` (one line) for a configuration no schedule can run."""
     if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r} (choose from {', '.join(SCHEDULES)})")
+        raise ConfigError(f"unknown schedule {name!r} (choose from {', '.join(SCHEDULES)})")
     if stages < 1:
-        raise ValueError(f"stages must be >= 1, got {stages}")
+        raise ConfigError(f"stages must be >= 1, got {stages}")
     if microbatches < 1:
-        raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+        raise ConfigError(f"microbatches must be >= 1, got {microbatches}")
     if n_layer is not None and stages > n_layer:
-        raise ValueError(f"{stages} stages but the model has only {n_layer} layers (each stage needs one)")
+        raise ConfigError(f"{stages} stages but the model has only {n_layer} layers (each stage needs one)")
     if name == "2bw" and microbatches < stages - 1:
-        raise ValueError(
+        raise ConfigError(
             f"2bw with {stages} stages needs microbatches >= stages - 1 = {stages - 1} "
             f"(two weight versions suffice only then), got {microbatches}"
         )
     if name == "pipedream" and microbatches != 1:
-        raise ValueError(
+        raise ConfigError(
             "pipedream updates after every pipeline unit; it runs whole batches: use microbatches=1"
         )

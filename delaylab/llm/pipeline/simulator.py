@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from delaylab.errors import ConfigError
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.timeline import Event, Timeline
 
@@ -26,9 +27,9 @@ from delaylab.llm.pipeline.timeline import Event, Timeline
 def _per_stage(value: float | Sequence[float], stages: int, name: str) -> tuple[float, ...]:
     values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
     if len(values) != stages:
-        raise ValueError(f"{name} has {len(values)} entries for {stages} stages")
+        raise ConfigError(f"{name} has {len(values)} entries for {stages} stages")
     if any(not v >= 0 for v in values):
-        raise ValueError(f"{name} costs must be >= 0, got {values}")
+        raise ConfigError(f"{name} costs must be >= 0, got {values}")
     return tuple(values)
 
 
@@ -45,7 +46,7 @@ class Costs:
     def make(cls, stages: int, forward, backward, update=0.0, send: float = 0.0) -> "Costs":
         """Scalars apply to every stage; sequences give one value per stage."""
         if not send >= 0:
-            raise ValueError(f"send cost must be >= 0, got {send}")
+            raise ConfigError(f"send cost must be >= 0, got {send}")
         return cls(
             _per_stage(forward, stages, "forward"),
             _per_stage(backward, stages, "backward"),
@@ -70,7 +71,7 @@ def simulate(schedule: Schedule | Sequence[Sequence[Action]], costs: Costs) -> T
     ]
     P = len(lists)
     if len(costs.forward) != P:
-        raise ValueError(f"costs are for {len(costs.forward)} stages, the schedule has {P}")
+        raise ConfigError(f"costs are for {len(costs.forward)} stages, the schedule has {P}")
     channels: dict[tuple[int, int], deque] = {}  # (src, dst) -> deque of (op, n, arrival)
     ptr, clock = [0] * P, [0.0] * P
     events: list[list[Event]] = [[] for _ in range(P)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from statistics import median
+from delaylab.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Timeline:
             ups = [e for e in evs if e.op == "U"]
             lo, hi = skip, len(ups) - 1 - skip
             if hi <= lo:
-                raise ValueError(
+                raise ConfigError(
                     f"too few updates ({len(ups)}) for a steady-state window with skip={skip}"
                 )
             t0, t1 = ups[lo].end, ups[hi].end

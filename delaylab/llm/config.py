@@ -1,0 +1,441 @@
+"""The one configuration of a GPT run, for every way to run it, and the one home of its defaults.
+
+A :class:`Config` is nested dataclasses (model, data, optim, lr_schedule, delay, parallel,
+run). Every leaf name is unique across sections, so a flat dict (``{"lr": 3e-3, "delay": 1}``)
+names a field as well as the nested one does, and the command-line flags are the leaf names
+(``--lr``, ``--delay``), generated from the fields and their ``help`` metadata
+(:mod:`delaylab.commands._config_flags`).
+
+The simulator (``delaylab llm train``) and the pipeline engine (``delaylab llm pipeline``) run
+the same config; :meth:`Config.resolved` fills what one of them leaves open (the delay from the
+pipeline schedule or the schedule from the delay, the stage count, the microbatch count) and
+validates everything, once. The same flags then give the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from delaylab.errors import ConfigError
+
+ENGINES = ("simulator", "pipeline")
+LR_SCHEDULES = ("cosine", "wsd", "constant")
+DTYPES = ("float32", "float64")
+LOGGERS = ("none", "tensorboard", "wandb")
+# Pipeline schedules and the delay each one produces on stage s of P.
+PIPELINE_SCHEDULES = ("2bw", "pipedream", "1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
+SYNC_SCHEDULES = ("1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
+DEFAULT_STAGES = 2  # a pipeline run's stage count when none is given
+CORRECTIONS_BY_ENGINE = {"simulator": ("none", "ef", "dc-asgd"), "pipeline": ("none", "ef")}
+
+
+def _f(default: Any, help: str, **kw):
+    """A field with its help text (the flag's ``--help`` line)."""
+    if callable(default) and not isinstance(default, type):
+        return field(default_factory=default, metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ModelConfig:
+    preset: str = _f("tiny", "model size: tiny, small, 135m, 360m", choices=("tiny", "small", "135m", "360m"))
+    n_layer: int | None = _f(None, "transformer blocks (default: the preset's)")
+    mlp: str | None = _f(None, "gelu or swiglu (default: the preset's)", choices=("gelu", "swiglu"))
+    tie_embeddings: bool | None = _f(None, "share the embedding and lm_head matrix (default: the preset's)")
+    dropout: float = _f(0.0, "dropout probability")
+    block_size: int | None = _f(None, "context length (default: the preset's)")
+    dtype: str = _f("float32", "parameter dtype: float32, or float64 on the CPU for equivalence checks "
+                    "(every optimizer then computes in float64)", choices=DTYPES)
+
+
+@dataclass
+class DataConfig:
+    data: str | list[str] = _f("shakespeare", "shakespeare (built in) or .txt/.md/.jsonl/.parquet files or "
+                               "folders", nargs="+")
+    tokenizer: str = _f("byte", "byte or bpe (trained locally on the training documents)", choices=("byte", "bpe"))
+    vocab_size: int = _f(4096, "BPE vocabulary size (the byte tokenizer has 256)")
+    text_field: str = _f("text", "JSONL field / parquet column holding the text")
+    val_fraction: float = _f(0.1, "share of the documents held out for validation")
+    batch_size: int = _f(32, "sequences per microbatch")
+    grad_accum: int | None = _f(None, "microbatches per update, M (default 1; with a pipeline schedule "
+                                "max(4, P-1), pipedream 1)", aliases=("--microbatches",))
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = _f("adamw", "adamw, muon, lion, soap, adan, mars, sgd or lmo")
+    lr: float | None = _f(None, "peak learning rate (default: the optimizer's)")
+    momentum: float | None = _f(None, "the optimizer's momentum knob (AdamW beta1, Muon momentum, ...)")
+    weight_decay: float | None = _f(None, "weight decay (default: the optimizer's)")
+
+
+@dataclass
+class LRScheduleConfig:
+    lr_schedule: str = _f("cosine", "LR schedule after a linear warmup: cosine, wsd or constant",
+                          choices=LR_SCHEDULES)
+    warmup: int | None = _f(None, "warmup updates (default 5%% of steps)")
+    min_lr_ratio: float = _f(0.1, "final lr / peak lr (cosine, wsd)")
+    wsd_decay: float = _f(0.2, "WSD: fraction of steps in the final linear decay")
+
+
+@dataclass
+class DelayConfig:
+    delay: int | list[int] | None = _f(None, "gradient delay tau, 0 = synchronous; a list gives one tau per "
+                                       "stage, e.g. 3,2,1,0 (default: the schedule's, else 0)")
+    correction: str = _f("none", "none, ef (error feedback) or dc-asgd (simulator only)",
+                         choices=("none", "ef", "dc-asgd"))
+    dc_lambda: float = _f(0.04, "DC-ASGD's lambda")
+    sync_start: int = _f(0, "first K updates undelayed (simulator only)")
+    sync_cooldown: int = _f(0, "last K updates undelayed (simulator only)")
+
+
+@dataclass
+class ParallelConfig:
+    schedule: str | None = _f(None, "pipeline schedule: 2bw (one-step delay), pipedream (delay P-1-s on stage "
+                              "s), 1f1b or gpipe (flush every batch), torch-1f1b or torch-gpipe (torch's "
+                              "runtime); default: from --delay (the pipeline: 2bw)", choices=PIPELINE_SCHEDULES)
+    stages: int | None = _f(None, "pipeline stages P (default: the delay list's length, else 2 on a pipeline)")
+    timeout: float = _f(60.0, "pipeline: seconds a message may take before the run fails")
+
+
+@dataclass
+class RunConfig:
+    steps: int = _f(200, "optimizer updates")
+    seed: int = _f(0, "init and batch order")
+    eval_every: int = _f(50, "updates between validations (simulator)")
+    eval_batches: int = _f(16, "fixed validation batches")
+    log_every: int = _f(10, "updates between metrics.jsonl lines")
+    ckpt_every: int = _f(100, "updates between checkpoints (0: only at the end)")
+    device: str = _f("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    threads: int | None = _f(None, "torch CPU threads (per rank on a pipeline; default 1 there)")
+    progress: bool | None = _f(None, "progress bar (default: only on a terminal)")
+    log: str = _f("none", "also log metrics to tensorboard or wandb (offline unless WANDB_MODE says otherwise)",
+                  choices=LOGGERS)
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "lr_schedule": LRScheduleConfig,
+            "delay": DelayConfig, "parallel": ParallelConfig, "run": RunConfig}
+# Fields that may differ between a checkpoint and the run that resumes it: none of them
+# changes the trajectory of the weights.
+RESUMABLE_CHANGES = ("threads", "ckpt_every", "progress", "timeout", "log")
+# Names of earlier versions' flat configs (run folders made before the nested config).
+_LEGACY = {"schedule": "lr_schedule", "pipeline": "schedule", "microbatches": "grad_accum"}
+
+
+def leaf_fields() -> dict[str, tuple[str, Any]]:
+    """``{leaf name: (section name, dataclasses.Field)}`` for every field of every section."""
+    return {f.name: (sec, f) for sec, cls in SECTIONS.items() for f in fields(cls)}
+
+
+_SECTION_OF = {name: sec for name, (sec, _) in leaf_fields().items()}
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
+    delay: DelayConfig = field(default_factory=DelayConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __getattr__(self, name: str):
+        """Read a leaf by its flat name (``cfg.lr`` is ``cfg.optim.lr``): leaf names are unique."""
+        section = _SECTION_OF.get(name)
+        if section is None:
+            raise AttributeError(f"Config has no field {name!r}")
+        return getattr(getattr(self, section), name)
+
+    # -- building ---------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict | None = None, **overrides) -> "Config":
+        """From a nested dict (``config.json``), a flat one (``{"lr": 1e-3}``), or both mixed,
+        then ``overrides`` (flat). Unknown names raise :class:`ConfigError`."""
+        flat = _flatten(d or {})
+        flat.update(overrides)
+        leaves = leaf_fields()
+        unknown = sorted(set(flat) - set(leaves))
+        if unknown:
+            raise ConfigError(f"unknown config fields: {', '.join(unknown)}")
+        parts = {sec: {} for sec in SECTIONS}
+        for name, value in flat.items():
+            parts[leaves[name][0]][name] = value
+        return cls(**{sec: SECTIONS[sec](**kw) for sec, kw in parts.items()})
+
+    def flat(self) -> dict:
+        """``{leaf: value}`` for every field."""
+        return {k: v for sec in SECTIONS for k, v in asdict(getattr(self, sec)).items()}
+
+    def to_dict(self) -> dict:
+        """Nested plain dict (what ``config.json`` holds)."""
+        return {sec: asdict(getattr(self, sec)) for sec in SECTIONS}
+
+    def replace(self, **flat) -> "Config":
+        """A copy with some leaf fields changed (unresolved: resolve it again)."""
+        return Config.from_dict(self.flat(), **flat)
+
+    def differences(self, other: dict) -> list[str]:
+        """Fields of ``other`` (a saved config, nested or flat) that would change this run."""
+        theirs = Config.from_dict(other)
+        if self.is_resolved:  # compare like with like: both with every open choice filled
+            theirs = theirs.resolved(self._resolved_for)
+        mine, theirs = self.flat(), theirs.flat()
+        return [f"{k}={mine[k]!r} vs {theirs[k]!r}" for k in mine
+                if k not in RESUMABLE_CHANGES and mine[k] != theirs[k]]
+
+    # -- resolution and validation ------------------------------------------------------------
+    @property
+    def is_resolved(self) -> bool:
+        return getattr(self, "_resolved_for", None) is not None
+
+    def resolved(self, engine: str = "simulator") -> "Config":
+        """A checked copy with every open choice filled for ``engine``; a resolved config
+        returns itself (validation runs once). Raises :class:`ConfigError` (one line)."""
+        if engine not in ENGINES:
+            raise ConfigError(f"unknown engine {engine!r}")
+        if getattr(self, "_resolved_for", None) == engine:
+            return self
+        cfg = Config.from_dict(self.flat())
+        _check_ranges(cfg)
+        _resolve_parallel(cfg, engine)
+        _check_combinations(cfg, engine)
+        cfg._resolved_for = engine
+        return cfg
+
+    # -- derived values (of a resolved config) -------------------------------------------------
+    @property
+    def delays(self) -> list[int]:
+        d = self.delay.delay
+        return [d] if isinstance(d, int) else list(d)
+
+    @property
+    def delayed(self) -> bool:
+        return any(self.delays)
+
+    @property
+    def mode(self) -> str:
+        """``sync`` or ``delayed``: a label for tables and summaries, not a setting."""
+        return "delayed" if self.delayed else "sync"
+
+    def model_config(self, vocab_size: int):
+        from delaylab.llm.model import preset
+
+        m = self.model
+        over = {"vocab_size": vocab_size, "dropout": m.dropout}
+        for name in ("n_layer", "mlp", "tie_embeddings", "block_size"):
+            if getattr(m, name) is not None:
+                over[name] = getattr(m, name)
+        return preset(m.preset, **over)
+
+    def resolved_lr(self) -> float:
+        from delaylab.optim import DEFAULTS
+
+        return self.optim.lr if self.optim.lr is not None else DEFAULTS[self.optim.optimizer]["lr"]
+
+    def optimizer_kwargs(self) -> dict:
+        """What ``delaylab.optim.build_optimizer`` takes besides the name and the parameters."""
+        o = self.optim
+        return dict(lr=self.resolved_lr(), momentum=o.momentum, weight_decay=o.weight_decay)
+
+    def torch_device(self, local_rank: int | None = None):
+        """``auto``: CUDA when present (``cuda:local_rank`` for a rank), else the CPU."""
+        import torch
+
+        dev = self.run.device
+        if dev == "auto":
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        if dev == "cuda" and local_rank is not None:
+            return torch.device("cuda", local_rank)
+        return torch.device(dev)
+
+    def torch_dtype(self):
+        import torch
+
+        return {"float32": torch.float32, "float64": torch.float64}[self.model.dtype]
+
+
+def _flatten(d: dict) -> dict:
+    flat = {}
+    for k, v in d.items():
+        if k in SECTIONS and isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    # Earlier versions' flat configs (they all have ``mode``): renamed fields, and the ``mode``
+    # switch (the delay counted only in mode "delayed", where its default was 1).
+    if "mode" in flat:
+        for old, new in _LEGACY.items():
+            if old in flat:
+                flat[new] = flat.pop(old)
+        mode = flat.pop("mode")
+        if mode == "sync":
+            flat["delay"] = 0
+        elif flat.get("delay") is None:
+            flat["delay"] = 1
+    return flat
+
+
+def _check_ranges(cfg: Config) -> None:
+    from delaylab.optim import OPTIMIZERS
+
+    leaves = leaf_fields()
+    flat = cfg.flat()
+    for name, (_, f) in leaves.items():
+        options = f.metadata.get("choices")
+        if options and flat[name] is not None and flat[name] not in options:
+            raise ConfigError(f"unknown {name} {flat[name]!r} (choose from {', '.join(options)})")
+    if cfg.optim.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {cfg.optim.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+    lr = cfg.optim.lr
+    if lr is not None and not (lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"lr must be > 0, got {lr}")
+    if cfg.optim.momentum is not None and not 0 <= cfg.optim.momentum < 1:
+        raise ConfigError(f"momentum must be in [0, 1), got {cfg.optim.momentum}")
+    for name in ("steps", "batch_size", "eval_batches", "log_every", "eval_every", "vocab_size"):
+        if flat[name] < 1:
+            raise ConfigError(f"{name} must be >= 1, got {flat[name]}")
+    for name in ("grad_accum", "stages", "n_layer", "block_size", "threads"):
+        if flat[name] is not None and flat[name] < 1:
+            raise ConfigError(f"{name} must be >= 1, got {flat[name]}")
+    for name in ("seed", "sync_start", "sync_cooldown", "ckpt_every"):
+        if flat[name] < 0:
+            raise ConfigError(f"{name} must be >= 0, got {flat[name]}")
+    d = cfg.delay.delay
+    if d is not None:
+        taus = [d] if isinstance(d, int) else list(d)
+        if not taus or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in taus):
+            raise ConfigError(f"delay must be an integer >= 0 or a list of them, got {d}")
+        if isinstance(d, (list, tuple)):
+            cfg.delay.delay = taus[0] if len(taus) == 1 else taus
+    if cfg.delay.sync_start + cfg.delay.sync_cooldown > cfg.run.steps:
+        raise ConfigError("sync_start + sync_cooldown exceed steps")
+    w = cfg.lr_schedule.warmup
+    if w is not None and not 0 <= w <= cfg.run.steps:
+        raise ConfigError(f"warmup must be in [0, steps], got {w}")
+    if not 0 <= cfg.lr_schedule.min_lr_ratio <= 1 or not 0 < cfg.lr_schedule.wsd_decay <= 1:
+        raise ConfigError("min_lr_ratio must be in [0, 1] and wsd_decay in (0, 1]")
+    if not 0 < cfg.data.val_fraction < 1:
+        raise ConfigError(f"val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+    if not cfg.parallel.timeout > 0:
+        raise ConfigError(f"timeout must be > 0 seconds, got {cfg.parallel.timeout}")
+    if cfg.delay.dc_lambda < 0:
+        raise ConfigError(f"dc_lambda must be >= 0, got {cfg.delay.dc_lambda}")
+    try:
+        cfg.model_config(256)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def schedule_delays(schedule: str, stages: int) -> list[int]:
+    """The delay of each stage under a pipeline schedule."""
+    if schedule == "2bw":
+        return [1] * stages
+    if schedule == "pipedream":
+        return [stages - 1 - s for s in range(stages)]
+    return [0] * stages
+
+
+def _resolve_parallel(cfg: Config, engine: str) -> None:
+    """Fill schedule, delay, stages and grad_accum: one place for how they determine each other."""
+    par, dl = cfg.parallel, cfg.delay
+    given = dl.delay
+    if isinstance(given, list) and par.stages is not None and par.stages != len(given):
+        raise ConfigError(f"{len(given)} stage delays but stages={par.stages}")
+    stages = par.stages or (len(given) if isinstance(given, list) else DEFAULT_STAGES)
+    schedule = par.schedule
+    if schedule is None and engine == "pipeline":
+        taus = [given] * stages if isinstance(given, int) else given
+        if given is None or taus == schedule_delays("2bw", stages):
+            schedule = "2bw"
+        elif taus == schedule_delays("1f1b", stages):
+            schedule = "1f1b"
+        elif taus == schedule_delays("pipedream", stages):
+            schedule = "pipedream"
+        else:
+            raise ConfigError(f"no pipeline schedule gives delay {given} on {stages} stages: 2bw gives 1, "
+                              f"pipedream {schedule_delays('pipedream', stages)}, 1f1b/gpipe 0")
+    if schedule is not None:
+        implied = schedule_delays(schedule, stages)
+        implied_value = implied[0] if len(set(implied)) == 1 else implied
+        if given is not None and given != implied_value and [given] * stages != implied:
+            raise ConfigError(f"delay {given} contradicts schedule {schedule} on {stages} stages "
+                              f"(which gives {implied_value}); give one of them")
+        dl.delay = implied_value
+        par.stages = stages
+    else:  # the simulator with a delay and no schedule
+        dl.delay = 0 if given is None else given
+        par.stages = len(given) if isinstance(given, list) else par.stages
+    par.schedule = schedule
+    if cfg.data.grad_accum is None:
+        cfg.data.grad_accum = 1 if schedule in (None, "pipedream") else max(4, stages - 1)
+
+
+def _check_combinations(cfg: Config, engine: str) -> None:
+    import torch
+
+    dl, par = cfg.delay, cfg.parallel
+    if dl.correction not in CORRECTIONS_BY_ENGINE[engine]:
+        raise ConfigError(f"the {engine} supports correction {' or '.join(CORRECTIONS_BY_ENGINE[engine])}, "
+                          f"got {dl.correction!r}")
+    if dl.correction != "none" and not cfg.delayed:
+        raise ConfigError(f"correction {dl.correction!r} needs a delay (--delay 1, or a delayed schedule)")
+    model = cfg.model_config(256)
+    stages = par.stages or 1
+    if stages > model.n_layer:
+        raise ConfigError(f"{stages} stages but the model has only {model.n_layer} layers (use --n-layer)")
+    if par.schedule is not None:  # the simulator of a schedule accepts what its pipeline accepts
+        from delaylab.llm.pipeline.schedules import check_config
+
+        check_config(par.schedule.removeprefix("torch-"), stages, cfg.data.grad_accum, model.n_layer)
+    if len(cfg.delays) > 1 and model.tie_embeddings:
+        raise ConfigError("per-stage delays need untied embeddings (--tie-embeddings false): "
+                          "the tied matrix would have two delays")
+    if engine == "pipeline":
+        if dl.sync_start or dl.sync_cooldown:
+            raise ConfigError("sync_start / sync_cooldown are not supported by the pipeline engine")
+        if par.schedule.startswith("torch-") and stages < 2:
+            raise ConfigError(f"{par.schedule} needs at least 2 stages")
+        if par.schedule == "torch-1f1b" and cfg.data.grad_accum < stages:
+            raise ConfigError(f"torch's Schedule1F1B needs microbatches >= stages = {stages}")
+        if cfg.run.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"the pipeline places rank r on cuda:r; use device auto, cuda or cpu, "
+                              f"not {cfg.run.device!r}")
+    dev = cfg.run.device
+    if dev != "auto" and dev != "cpu":
+        try:
+            kind = torch.device(dev).type
+        except RuntimeError:
+            raise ConfigError(f"unknown device {dev!r} (auto, cpu, cuda, cuda:1, ...)") from None
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {dev!r} asked for, but this torch has no CUDA device "
+                              f"(torch {torch.__version__}); use --device cpu or auto")
+        need = stages if engine == "pipeline" else (torch.device(dev).index or 0) + 1
+        if kind == "cuda" and torch.cuda.device_count() < need:
+            raise ConfigError(f"{need} GPUs needed, found {torch.cuda.device_count()} (or use --device cpu)")
+    elif dev == "auto" and engine == "pipeline" and 0 < torch.cuda.device_count() < stages:
+        raise ConfigError(f"{stages} stages need {stages} GPUs, found {torch.cuda.device_count()} "
+                          f"(or use --device cpu)")
+    if cfg.model.dtype == "float64" and (dev.startswith("cuda") or dev == "auto" and torch.cuda.is_available()):
+        raise ConfigError("--dtype float64 is for equivalence checks on the CPU: add --device cpu")
+
+
+def lr_factor(k: int, cfg: Config) -> float:
+    """Multiplier of the peak lr at update ``k`` (0-based): linear warmup, then the schedule."""
+    s, steps = cfg.lr_schedule, cfg.run.steps
+    warmup = steps // 20 if s.warmup is None else s.warmup
+    if k < warmup:
+        return (k + 1) / warmup
+    lo = s.min_lr_ratio
+    if s.lr_schedule == "constant":
+        return 1.0
+    if s.lr_schedule == "cosine":
+        progress = (k - warmup) / max(1, steps - 1 - warmup)
+        return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    decay = max(1, round(s.wsd_decay * steps))  # WSD: warmup, stable, linear decay
+    start = steps - decay
+    return 1.0 if k < start else 1.0 - (1 - lo) * (k - start + 1) / decay
+
+
