@@ -299,9 +299,12 @@ def eta_cap(beta: float, tau: int, L: float = 1.0) -> float:
     return float(sgdm_bound(int(tau)).eta_max.subs({S.L: L, S.beta: beta}))
 
 
-def sweep(Ts=GRID_T, taus=GRID_TAU, betas=GRID_BETA, fracs=GRID_FRAC, L: float = 1.0, Delta: float = 1.0,
+def sweep(Ts=None, taus=None, betas=None, fracs=None, L: float = 1.0, Delta: float = 1.0,
           with_min: bool = True) -> list[Comparison]:
-    """``compare`` for SGDM over the grid, eta = frac * eta_cap(beta, tau); T <= tau is skipped."""
+    """``compare`` for SGDM over the grid (default: the GRID_* above, the docs' table),
+    eta = frac * eta_cap(beta, tau); T <= tau is skipped."""
+    Ts, taus = Ts or GRID_T, taus or GRID_TAU
+    betas, fracs = betas or GRID_BETA, fracs or GRID_FRAC
     rows = []
     for tau in taus:
         for beta in betas:
@@ -357,7 +360,8 @@ def plot_tightness(rows: list[Comparison]):
         ax.set_title(f"delay tau = {tau}")
         ax.set_xlabel("T (updates)")
     axes[0][0].set_ylabel("Theorem 4 / PEP worst case")
-    axes[0][-1].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
     fig.suptitle("SGDM, sigma = 0: bound over exact worst case of mean ||grad f||^2 (1 = tight)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
