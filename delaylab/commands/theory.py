@@ -209,7 +209,8 @@ def cmd_pep(args) -> int:
     c = pep.compare(args.method, T=args.T, eta=args.eta, beta=args.beta, tau=args.delay, ef=args.ef,
                     momentum=args.momentum, L=args.L, Delta=args.Delta)
     result = dict(c.as_dict(), metric="(1/T) sum_{t<T} ||grad f(y_t)||^2, y_t = x_{max(t-tau,0)}",
-                  assumption="L-smooth (nonconvex), f(x0) - inf f <= Delta, exact gradients")
+                  assumption="L-smooth (nonconvex), f(x0) - inf f <= Delta, exact gradients",
+                  reference=pep.REF_PEP)
 
     def render(d):
         m = f"{d['method']}" + (f" ({d['momentum']} momentum)" if d["method"] == "sgdm" else "")
