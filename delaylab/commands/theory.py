@@ -1,4 +1,4 @@
-"""`delaylab theory bound|tune|penalty|stability`: the bounds of delaylab.theory from the shell.
+"""`delaylab theory bound|tune|penalty|stability|pep`: the bounds of delaylab.theory from the shell.
 
 Values are validated by the library (ValueError -> one-line error, exit 2), so the rules
 live in one place (delaylab/theory/bound.py).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from delaylab.commands._common import add_json_flag, emit
+from delaylab.commands._common import add_json_flag, emit, nonneg_int, positive_float, positive_int, unit_interval
 
 CONSTANT_FLAGS = (
     ("L", "smoothness in the method's norm (Euclidean for sgdm)"),
@@ -180,6 +180,57 @@ def cmd_stability(args) -> int:
     return 0
 
 
+def cmd_pep(args) -> int:
+    from delaylab.commands._common import UsageError
+    from delaylab.theory import pep
+
+    if args.sweep:
+        rows = pep.sweep(L=args.L, Delta=args.Delta)
+        result = {"rows": [r.as_dict() for r in rows], "all_hold": all(r.holds is not False for r in rows),
+                  "min_ratio": min(r.ratio for r in rows if r.ratio is not None),
+                  "max_ratio": max(r.ratio for r in rows if r.ratio is not None),
+                  "max_gap": max(abs(r.gap) for r in rows), "solver": rows[0].solver}
+        if args.plot:
+            pep.plot_tightness(rows).savefig(args.plot, dpi=120, bbox_inches="tight")
+            result["plot"] = args.plot
+
+        def render_sweep(d):
+            return "\n".join([
+                pep.tightness_table(rows), "",
+                f"{len(rows)} grid points, Theorem 4 >= PEP worst case at all: {d['all_hold']}; ratio "
+                f"{_fmt(d['min_ratio'])} .. {_fmt(d['max_ratio'])}; solver {d['solver']}, largest relative "
+                f"primal-dual gap {d['max_gap']:.1e}"])
+
+        emit(result, args.json, render_sweep)
+        return 0
+    missing = [f"--{n}" for n in ("T", "eta") if getattr(args, n) is None]
+    if missing:
+        raise UsageError("theory pep needs " + " and ".join(missing) + " (or --sweep)")
+    c = pep.compare(args.method, T=args.T, eta=args.eta, beta=args.beta, tau=args.delay, ef=args.ef,
+                    momentum=args.momentum, L=args.L, Delta=args.Delta)
+    result = dict(c.as_dict(), metric="(1/T) sum_{t<T} ||grad f(y_t)||^2, y_t = x_{max(t-tau,0)}",
+                  assumption="L-smooth (nonconvex), f(x0) - inf f <= Delta, exact gradients",
+                  reference=pep.REF_PEP)
+
+    def render(d):
+        m = f"{d['method']}" + (f" ({d['momentum']} momentum)" if d["method"] == "sgdm" else "")
+        lines = [f"{m}, delay {d['tau']}{' +EF' if d['ef'] else ''}, T={d['T']}, eta={_fmt(d['eta'])}, "
+                 f"beta={_fmt(d['beta'])}, L={_fmt(d['L'])}, Delta={_fmt(d['Delta'])}, no noise:",
+                 f"  PEP worst case  mean_t ||grad f(y_t)||^2 = {_fmt(d['worst_mean'])}, "
+                 f"min_t = {_fmt(d['worst_min'])}  ({d['solver']}, relative gap {d['gap']:.1e})"]
+        if d["bound_name"] is None:
+            lines.append("  no bound of ours covers SGDM with Error Feedback: worst case only")
+        elif not d["valid"]:
+            lines.append(f"  {d['bound_name']} (Theorem 4): step size beyond its cap, the bound says nothing")
+        else:
+            lines.append(f"  {d['bound_name']} (Theorem 4): {_fmt(d['bound'])}, {_fmt(d['ratio'])}x the worst case"
+                         + ("" if d["holds"] else "  -- BELOW THE WORST CASE: the bound is wrong here"))
+        return "\n".join(lines)
+
+    emit(result, args.json, render)
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("theory", help="convergence bounds, tuning, delay penalty, linear stability",
                        description="Bounds for momentum-LMO (Muon) and SGDM under a gradient delay; "
@@ -210,3 +261,25 @@ def register(sub) -> None:
     s.add_argument("--plot", metavar="PNG", help="plot the stable region against beta")
     add_json_flag(s)
     s.set_defaults(func=cmd_stability)
+
+    e = tsub.add_parser(
+        "pep", help="exact worst case by performance estimation (PEPit) against our bound",
+        description="Worst case of deterministic SGD with momentum (delayed, optionally with EF) over all "
+        "L-smooth functions with f(x0) - inf f <= Delta, solved as a semidefinite program by PEPit "
+        "(Clarabel), against Theorem 4 at sigma = 0. Needs the extra: pip install 'delaylab[pep]'. "
+        "LMO methods (Muon) cannot be expressed: their step is not linear in the gradients.")
+    e.add_argument("--method", default="sgdm", help="sgdm (default) or gd; lmo is refused with the reason")
+    e.add_argument("--momentum", default="ema", help="ema (m = beta m + (1-beta) g, default) or heavyball "
+                   "(m = beta m + g, torch SGD with lr = eta)")
+    e.add_argument("--delay", "--tau", dest="delay", type=nonneg_int, default=0, help="gradient delay tau")
+    e.add_argument("--ef", action="store_true", help="with Error Feedback")
+    e.add_argument("--T", type=positive_int, help="number of updates (a PEP of size about T; keep T <= 24)")
+    e.add_argument("--eta", type=positive_float, help="step size")
+    e.add_argument("--beta", type=unit_interval, default=0.0, help="momentum in [0, 1) (default 0)")
+    e.add_argument("--L", type=positive_float, default=1.0, help="smoothness (default 1)")
+    e.add_argument("--Delta", "--delta", dest="Delta", type=positive_float, default=1.0,
+                   help="f(x0) - inf f (default 1)")
+    e.add_argument("--sweep", action="store_true", help="the docs' grid: T 2..12, tau 0..2, three betas, two etas")
+    e.add_argument("--plot", metavar="PNG", help="with --sweep: plot bound / worst case against T")
+    add_json_flag(e)
+    e.set_defaults(func=cmd_pep)

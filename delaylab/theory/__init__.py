@@ -10,6 +10,12 @@ the docs/theory.md section that proves it, references). Build one with
 * :func:`sgdm_bound` ``(delay=0)``: delayed EMA-SGDM, Euclidean, on mean E||grad f||_2^2;
 * :func:`get_bound` ``(method="lmo"|"sgdm", ...)``: one entry point for both.
 
+How tight they are: :func:`pep_worst_case` and :func:`pep_compare` (:mod:`delaylab.theory.pep`)
+compute the exact worst case of deterministic SGD with momentum (delayed, with or without EF) over
+all L-smooth functions by performance estimation (PEPit, the optional extra ``delaylab[pep]``)
+and set Theorem 4 against it. LMO methods cannot be expressed there (their step is not linear in
+the gradients).
+
 Operations: :func:`evaluate` (vectorised over numpy arrays), :func:`tune` (closed form from
 sympy + scipy check), :func:`closed_form`, :func:`delay_penalty`, the linear stability helpers
 in :mod:`delaylab.theory.stability`, and the estimators of the constants in
@@ -45,6 +51,10 @@ from delaylab.theory.bounds import (
     staleness,
     virtual_lmo_bound,
 )
+from delaylab.theory.pep import Comparison as PEPComparison
+from delaylab.theory.pep import WorstCase
+from delaylab.theory.pep import compare as pep_compare
+from delaylab.theory.pep import worst_case as pep_worst_case
 from delaylab.theory.tuning import (
     ClosedForm,
     Penalty,
@@ -61,4 +71,5 @@ __all__ = [
     "METHODS", "get_bound", "lmo_bound", "sgdm_bound", "staleness", "virtual_lmo_bound",
     "ClosedForm", "Penalty", "Tuned", "closed_form", "delay_penalty", "leading_order",
     "penalty_limit", "tune",
+    "PEPComparison", "WorstCase", "pep_compare", "pep_worst_case",
 ]
