@@ -163,7 +163,9 @@ class Config:
         parts = {sec: {} for sec in SECTIONS}
         for name, value in flat.items():
             parts[leaves[name][0]][name] = value
-        return cls(**{sec: SECTIONS[sec](**kw) for sec, kw in parts.items()})
+        cfg = cls(**{sec: SECTIONS[sec](**kw) for sec, kw in parts.items()})
+        _check_types(cfg)
+        return cfg
 
     def flat(self) -> dict:
         """``{leaf: value}`` for every field."""
@@ -276,6 +278,24 @@ def _flatten(d: dict) -> dict:
         elif flat.get("delay") is None:
             flat["delay"] = 1
     return flat
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_types(cfg: Config) -> None:
+    """Each value of the type its field declares (a malformed config file fails here, in one line)."""
+    for name, value in cfg.flat().items():
+        kinds = leaf_fields()[name][1].type.replace(" ", "").split("|")
+        ok = value is None and "None" in kinds
+        for kind in kinds:
+            if kind in _TYPES:
+                ok |= isinstance(value, _TYPES[kind]) and not (kind != "bool" and isinstance(value, bool))
+            elif kind.startswith("list["):
+                inner = _TYPES[kind[5:-1]]
+                ok |= isinstance(value, (list, tuple)) and all(isinstance(v, inner) for v in value)
+        if not ok:
+            raise ConfigError(f"{name} must be {' or '.join(kinds)}, got {value!r}")
 
 
 def _check_ranges(cfg: Config) -> None:

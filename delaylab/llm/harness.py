@@ -157,7 +157,13 @@ def require_folder(folder: Path) -> dict:
     saved = Path(folder) / CONFIG
     if not saved.is_file():
         raise MissingFile(f"no run to resume in {folder} ({CONFIG} missing)")
-    return json.loads(saved.read_text())
+    try:
+        config = json.loads(saved.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{saved}: not a JSON config ({err})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{saved}: not a delaylab config")
+    return config
 
 
 # -- metric mirrors ---------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+from delaylab.errors import ConfigError
 
 NORMS = ("l2", "sign", "spectral")
 
@@ -47,7 +48,7 @@ def _to_numpy(a) -> np.ndarray:
 
 def _check_norm(norm: str) -> None:
     if norm not in NORMS:
-        raise ValueError(f"unknown norm {norm!r}; choose from {', '.join(NORMS)}")
+        raise ConfigError(f"unknown norm {norm!r}; choose from {', '.join(NORMS)}")
 
 
 def _matrix(b: np.ndarray) -> np.ndarray | None:
@@ -136,7 +137,7 @@ def estimate_smoothness(grad: Callable, points: Sequence, norm: str = "l2", n_ra
     _check_norm(norm)
     pts = list(points)
     if len(pts) < 2 and n_perturb == 0:
-        raise ValueError("need at least two points (or n_perturb > 0)")
+        raise ConfigError("need at least two points (or n_perturb > 0)")
     rng = np.random.default_rng(seed)
     grads = [_blocks(grad(p)) for p in pts]
     pairs = [(i, i + 1) for i in range(len(pts) - 1)]
@@ -158,7 +159,7 @@ def estimate_smoothness(grad: Callable, points: Sequence, norm: str = "l2", n_ra
             y = y[0]  # hand grad the same kind of point it was given
         ratios.append(dual_norm(_sub(grad(y), grads[i]), norm) / radius)
     if not ratios:
-        raise ValueError("all sampled pairs coincide")
+        raise ConfigError("all sampled pairs coincide")
     r = np.array(ratios)
     return Estimate(float(r.max()), "lower", len(r), r,
                     "max over sampled pairs; the true L (a sup over all pairs) can only be larger")
@@ -174,7 +175,7 @@ def estimate_sigma(stoch_grad: Callable, points: Sequence, n_samples: int = 16,
     points (the bound needs a sup); ``samples`` holds each point's estimate.
     """
     if n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2, got {n_samples}")
+        raise ConfigError(f"n_samples must be >= 2, got {n_samples}")
     per_point = []
     for p in points:
         gs = [_blocks(stoch_grad(p, i)) for i in range(n_samples)]
@@ -186,7 +187,7 @@ def estimate_sigma(stoch_grad: Callable, points: Sequence, n_samples: int = 16,
         ss = sum(sum(float(((gk - rk) ** 2).sum()) for gk, rk in zip(g, ref)) for g in gs)
         per_point.append(math.sqrt(ss / dof))
     if not per_point:
-        raise ValueError("need at least one point")
+        raise ConfigError("need at least one point")
     s = np.array(per_point)
     return Estimate(float(s.max()), "estimate", len(s) * n_samples, s,
                     "max over sampled points of the per-point estimate; the sup may be larger")
@@ -200,9 +201,9 @@ def estimate_delta(losses: Sequence[float], f_lower: float | None = None, window
     """
     v = np.asarray(losses, dtype=float)
     if v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)):
-        raise ValueError("losses must be a non-empty 1-D sequence of finite numbers")
+        raise ConfigError("losses must be a non-empty 1-D sequence of finite numbers")
     if window < 1 or window > v.size:
-        raise ValueError(f"window must be in [1, {v.size}], got {window}")
+        raise ConfigError(f"window must be in [1, {v.size}], got {window}")
     smooth = np.convolve(v, np.ones(window) / window, mode="valid")
     f0 = float(smooth[0])
     lower = Estimate(max(f0 - float(smooth.min()), 0.0), "lower", v.size, smooth,
@@ -210,7 +211,7 @@ def estimate_delta(losses: Sequence[float], f_lower: float | None = None, window
     upper = None
     if f_lower is not None:
         if f_lower > float(smooth.min()):
-            raise ValueError(f"f_lower={f_lower} is above a loss value on the trace")
+            raise ConfigError(f"f_lower={f_lower} is above a loss value on the trace")
         upper = Estimate(f0 - float(f_lower), "upper", v.size, note="f(x0) - a known lower bound of f")
     return {"lower": lower, "upper": upper}
 
@@ -237,7 +238,7 @@ class TorchObjective:
         self.loss_fn = loss_fn
         self.batches = list(batches)
         if not self.batches:
-            raise ValueError("need at least one batch")
+            raise ConfigError("need at least one batch")
         self.params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
         self._saved = [p.detach().clone() for p in self.params]
 

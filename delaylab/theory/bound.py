@@ -14,6 +14,7 @@ from typing import Mapping
 import numpy as np
 import sympy as sp
 
+from delaylab.errors import ConfigError
 from delaylab.theory import symbols as S
 
 DOCS = "docs/theory.md"
@@ -172,13 +173,13 @@ def check_constants(values: Mapping[str, object]) -> dict[str, np.ndarray]:
     out = {}
     for name, v in values.items():
         if name not in _DOMAIN:
-            raise ValueError(f"unknown constant {name!r}; known: {', '.join(_DOMAIN)}")
+            raise ConfigError(f"unknown constant {name!r}; known: {', '.join(_DOMAIN)}")
         arr = np.asarray(v, dtype=float)
         lo, lo_in, hi, hi_in = _DOMAIN[name]
         ok = np.isfinite(arr) & ((arr >= lo) if lo_in else (arr > lo)) & ((arr <= hi) if hi_in else (arr < hi))
         if not np.all(ok):
             bad = arr[~ok].flat[0] if arr.ndim else float(arr)
-            raise ValueError(f"{name} must be in {_interval(name)}, got {bad:g}")
+            raise ConfigError(f"{name} must be in {_interval(name)}, got {bad:g}")
         out[name] = arr
     return out
 
@@ -203,7 +204,7 @@ def evaluate(bound: Bound, **constants) -> Evaluation:
     names, fns, conds = _compiled(bound)
     missing = [n for n in names if n not in vals]
     if missing:
-        raise ValueError(f"{bound.name} needs constant(s) {', '.join(missing)}")
+        raise ConfigError(f"{bound.name} needs constant(s) {', '.join(missing)}")
     args = [vals[n] for n in names]
     shape = np.broadcast_shapes(*(a.shape for a in args)) if args else ()
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sympy as sp
 
+from delaylab.errors import ConfigError
 from delaylab.theory import symbols as S
 from delaylab.theory.bound import DOCS, Bound
 
@@ -43,7 +44,7 @@ def _delay_value(delay):
     if delay is None:
         return tau
     if isinstance(delay, bool) or int(delay) != delay or delay < 0:
-        raise ValueError(f"delay must be a non-negative integer, got {delay!r}")
+        raise ConfigError(f"delay must be a non-negative integer, got {delay!r}")
     return sp.Integer(int(delay))
 
 
@@ -63,7 +64,7 @@ def momentum_weights(nesterov: bool):
 
 def _lmo_terms(perturbation, nesterov: bool, init: str):
     if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        raise ConfigError(f"init must be one of {INITS}, got {init!r}")
     lag, noise_w, p = momentum_weights(nesterov)
     sig_star = S.sigma_star
     if init == "zero":
@@ -97,7 +98,7 @@ def lmo_bound(delay=0, ef: bool = False, nesterov: bool = False, init: str = "ze
     """
     d = _delay_value(delay)
     if point not in POINTS:
-        raise ValueError(f"point must be one of {POINTS}, got {point!r}")
+        raise ConfigError(f"point must be one of {POINTS}, got {point!r}")
     if ef:
         # ||e_t|| <= eta sum_{i=1}^{tau} i ||d_{t-i} - d_{t-i-1}||  ->  eta tau(tau+1)/2 delta_bar
         e_mean = eta * d * (d + 1) / 2 * delta_bar
@@ -136,7 +137,7 @@ def virtual_lmo_bound(nesterov: bool = False, init: str = "zero", point: str = "
     E||grad f(w_t + e_t)||_*.
     """
     if point not in POINTS:
-        raise ValueError(f"point must be one of {POINTS}, got {point!r}")
+        raise ConfigError(f"point must be one of {POINTS}, got {point!r}")
     return Bound(
         name="lmo-virtual" + ("-nesterov" if nesterov else "") + ("" if init == "zero" else "-first"),
         metric=("(1/T) sum_{t<T} E||grad f(w_t)||_*" if point == "virtual"
@@ -194,6 +195,6 @@ def get_bound(method: str = "lmo", delay=0, ef: bool = False, nesterov: bool = F
         return lmo_bound(delay=delay, ef=ef, nesterov=nesterov, init=init, point=point)
     if method == "sgdm":
         if ef or nesterov:
-            raise ValueError("the sgdm bound has no EF or Nesterov variant")
+            raise ConfigError("the sgdm bound has no EF or Nesterov variant")
         return sgdm_bound(delay=delay)
-    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 import sympy as sp
+from delaylab.errors import ConfigError
 
 METHODS = ("gd", "heavyball", "ema", "adam")
 
@@ -39,13 +40,13 @@ z, h_sym, beta_sym = sp.symbols("z h beta")
 
 def _check(method: str, beta: float, tau: int) -> None:
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if not (0.0 <= beta < 1.0) or math.isnan(beta):
-        raise ValueError(f"beta must be in [0, 1), got {beta}")
+        raise ConfigError(f"beta must be in [0, 1), got {beta}")
     if method == "gd" and beta != 0.0:
-        raise ValueError("gd has no momentum: use beta = 0 (or heavyball / ema)")
+        raise ConfigError("gd has no momentum: use beta = 0 (or heavyball / ema)")
     if isinstance(tau, bool) or int(tau) != tau or tau < 0:
-        raise ValueError(f"delay must be a non-negative integer, got {tau!r}")
+        raise ConfigError(f"delay must be a non-negative integer, got {tau!r}")
 
 
 def gradient_weight(method: str, beta):
@@ -57,7 +58,7 @@ def gradient_weight(method: str, beta):
 def char_poly(method: str, tau: int, ef: bool = False) -> sp.Poly:
     """Characteristic polynomial in z, with symbols h = eta*lambda and beta (see module doc)."""
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     b = sp.Integer(0) if method == "gd" else beta_sym
     a = gradient_weight(method, b) * h_sym
     if ef and tau > 0:

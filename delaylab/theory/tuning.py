@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy as sp
 
+from delaylab.errors import ConfigError
 from delaylab.theory import symbols as S
 from delaylab.theory.bound import Bound, _compiled, check_constants, evaluate
 from delaylab.theory.bounds import get_bound
@@ -177,7 +178,7 @@ def eta_cap(bound: Bound, beta: float, consts: dict) -> float:
     if not bound.conditions:
         return math.inf
     if bound.eta_max is None:
-        raise ValueError(f"{bound.name} has conditions but no eta_max")
+        raise ConfigError(f"{bound.name} has conditions but no eta_max")
     names, fn = _eta_max_fn(bound)
     vals = dict(consts, beta=beta)
     return float(fn(*[vals[n] for n in names]))
@@ -229,11 +230,11 @@ def _minimise(bound: Bound, consts: dict, eta0: float, beta0: float, beta_fixed:
 def _consts_for(bound: Bound, T: float, constants: dict) -> dict:
     for k in ("eta", "beta"):
         if k in constants:
-            raise ValueError(f"tune chooses {k}; do not pass it in constants (use beta= to fix beta)")
+            raise ConfigError(f"tune chooses {k}; do not pass it in constants (use beta= to fix beta)")
     vals = check_constants(dict(constants, T=T))
     need = [n for n in bound.symbols if n not in ("eta", "beta") and n not in vals]
     if need:
-        raise ValueError(f"{bound.name} needs constant(s) {', '.join(need)}")
+        raise ConfigError(f"{bound.name} needs constant(s) {', '.join(need)}")
     return {k: float(v) for k, v in vals.items()}
 
 
@@ -256,7 +257,7 @@ def tune(bound: Bound, T: float, constants: dict, beta: float | None = None) -> 
     Returns the numeric minimiser of the full bound, with the closed form alongside.
     """
     if isinstance(T, bool) or not float(T) >= 1:
-        raise ValueError(f"T must be >= 1, got {T!r}")
+        raise ConfigError(f"T must be >= 1, got {T!r}")
     consts = _consts_for(bound, float(T), constants)
     if beta is not None:
         check_constants({"beta": beta})
@@ -331,7 +332,7 @@ def delay_penalty(T: float, tau: int, constants: dict, method: str = "lmo", ef: 
     ``beta`` fixes the momentum (then only eta is tuned); otherwise both are tuned.
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 0:
-        raise ValueError(f"delay must be a non-negative integer, got {tau!r}")
+        raise ConfigError(f"delay must be a non-negative integer, got {tau!r}")
     sync = tune(get_bound(method, 0, False, nesterov, init), T, constants, beta=beta)
     delayed = tune(get_bound(method, int(tau), ef, nesterov, init), T, constants, beta=beta)
     noise_free = float(constants.get("sigma", 1.0)) == 0.0
