@@ -155,7 +155,7 @@ class TrainConfig:
         return preset(self.preset, **over)
 
     def resolved_lr(self) -> float:
-        from delaylab.optim.factory import DEFAULTS
+        from delaylab.optim.registry import DEFAULTS
 
         return self.lr if self.lr is not None else DEFAULTS[self.optimizer]["lr"]
 

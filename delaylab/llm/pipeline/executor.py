@@ -35,7 +35,7 @@ from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
 from delaylab.llm.train import Diverged
-from delaylab.optim import retarget
+from delaylab.llm.pipeline.retarget import retarget
 
 
 class StageExecutor:
