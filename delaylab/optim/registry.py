@@ -4,7 +4,8 @@
 
 =======  =================================================================================
 adamw    torch.optim.AdamW; weight decay on >= 2-D params only (nanoGPT's split)
-muon     torch.optim.Muon on hidden 2-D matrices + AdamW on embeddings, head, norms, biases
+muon     torch.optim.Muon on hidden 2-D matrices + AdamW on embeddings, head, norms, biases;
+         float64 matrices get the same method with Newton-Schulz in float64 (LMOMomentum)
 lion     pytorch_optimizer.Lion        (Chen et al. 2023)
 soap     pytorch_optimizer.SOAP        (Vyas et al. 2024)
 adan     pytorch_optimizer.Adan        (Xie et al. 2022)
@@ -96,6 +97,26 @@ def _construct(cls, groups, name: str, **kwargs) -> Optimizer:
         raise ConfigError(f"bad hyperparameters for {name}: {err}") from None
 
 
+def _muon_in_param_dtype(params: list[torch.Tensor], hp: dict) -> LMOMomentum:
+    """``torch.optim.Muon(params, **hp)`` with the Newton-Schulz iteration in the params' dtype.
+
+    LMOMomentum with these settings is torch's Muon operation for operation (see its
+    docstring); only ``ns_dtype=None`` differs. Muon options it does not model are refused.
+    """
+    hp = dict(hp)
+    eps, adjust = hp.pop("eps", 1e-7), hp.pop("adjust_lr_fn", None)
+    if eps != 1e-7 or adjust not in (None, "original"):
+        raise ConfigError(
+            "muon on float64 parameters (computed in float64) supports only the default eps "
+            f"and adjust_lr_fn; got eps={eps}, adjust_lr_fn={adjust!r}"
+        )
+    hp["beta"] = hp.pop("momentum")
+    return _construct(
+        LMOMomentum, params, "muon",
+        norm="spectral", method="newton-schulz", scale="muon", ns_dtype=None, **hp,
+    )
+
+
 def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
     """Build optimizer ``name`` (see the module docstring) over a model or a list of tensors."""
     key = name.lower()
@@ -128,9 +149,15 @@ def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
         adam = {"lr": hp.pop("adam_lr"), "betas": hp.pop("adam_betas"), "weight_decay": hp.pop("adam_weight_decay")}
         hidden = [p for _, p in named if p.ndim == 2 and id(p) not in excluded]
         rest = [(n, p) for n, p in named if not (p.ndim == 2 and id(p) not in excluded)]
+        # torch.optim.Muon orthogonalizes in bfloat16 whatever the parameter's dtype; float64
+        # matrices (equivalence checks) get the same iteration computed in float64.
+        native = [p for p in hidden if p.dtype != torch.float64]
+        exact = [p for p in hidden if p.dtype == torch.float64]
         parts = []
-        if hidden:
-            parts.append(_construct(torch.optim.Muon, hidden, key, **hp))
+        if native:
+            parts.append(_construct(torch.optim.Muon, native, key, **hp))
+        if exact:
+            parts.append(_muon_in_param_dtype(exact, hp))
         if rest:
             parts.append(_construct(torch.optim.AdamW, _decay_groups(rest, adam.pop("weight_decay")), key, **adam))
         return parts[0] if len(parts) == 1 else CombinedOptimizer(parts)
