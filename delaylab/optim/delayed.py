@@ -7,34 +7,14 @@ from typing import Sequence
 
 import torch
 from torch.optim import Optimizer
-from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
+from delaylab.errors import ConfigError
+from delaylab.optim import error_feedback
 from delaylab.optim._closure import closure_loss
-from delaylab.optim.factory import CombinedOptimizer
-from delaylab.optim.lmo_momentum import LMOMomentum
+from delaylab.optim.dc_asgd import DCASGD
+from delaylab.optim.queue import DelayQueue, check_count, per_group
 
 CORRECTIONS = ("none", "ef", "dc-asgd")
-# Optimizers whose step on a subset of parameters equals their step on all of them restricted
-# to that subset (per-parameter state and step counters; no group-level statistics).
-_PER_PARAM_SAFE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Muon, LMOMomentum)
-
-
-def _leaves(opt: Optimizer) -> list[Optimizer]:
-    """The optimizers that ``opt.step()`` steps. Only a CombinedOptimizer is opened: its step is
-    exactly its children's steps, whereas a wrapper (a nested ``Delayed``) adds its own logic."""
-    if isinstance(opt, CombinedOptimizer):
-        return [leaf for child in opt.optimizers for leaf in _leaves(child)]
-    return [opt]
-
-
-def _per_group(value, n: int, name: str) -> list[int]:
-    values = [value] * n if isinstance(value, int) else list(value)
-    if len(values) != n:
-        raise ValueError(f"{name} has {len(values)} entries but the optimizer has {n} param groups")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an integer >= 0 (or a list of them), got {v!r}")
-    return values
 
 
 class Delayed(Optimizer):
@@ -73,9 +53,16 @@ class Delayed(Optimizer):
     its warm-up); entering the cooldown drops the queued stale gradients. With ``total_steps``
     set, a group that has made ``total_steps`` updates ignores further calls.
 
+    **Pieces.** The wrapper composes a :class:`~delaylab.optim.queue.DelayQueue` (counters,
+    phases, the queued gradients), :mod:`~delaylab.optim.error_feedback` and
+    :class:`~delaylab.optim.dc_asgd.DCASGD`; it knows no concrete inner class. EF steps the
+    inner one parameter at a time when every leaf declares that capability
+    (:mod:`delaylab.optim.capabilities`), and the whole model at once otherwise.
+
     ``delay=0, correction="none"`` calls ``inner.step()`` and nothing else, so it is the inner
-    optimizer bit for bit. ``param_groups`` are the inner's own dicts, so LR schedulers attached
-    to the wrapper drive the inner learning rates. After :meth:`step`, ``p.grad`` holds the
+    optimizer bit for bit. ``param_groups`` and ``defaults`` are the inner's own, so LR schedulers
+    attached to the wrapper drive the inner learning rates; :meth:`add_param_group` adds to the
+    inner and gives the group its own queue. After :meth:`step`, ``p.grad`` holds the
     gradient that was applied (the queue swaps tensors instead of copying them), or ``None``
     after a fill call.
     """
@@ -95,81 +82,93 @@ class Delayed(Optimizer):
         if not isinstance(inner, Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
         n = len(inner.param_groups)
-        self.delays = _per_group(delay, n, "delay")
+        delays = per_group(delay, n, "delay")
         if correction not in CORRECTIONS:
-            raise ValueError(f"unknown correction {correction!r}; expected one of {', '.join(CORRECTIONS)}")
+            raise ConfigError(f"unknown correction {correction!r}; expected one of {', '.join(CORRECTIONS)}")
         self.correction = correction
-        self.ef_lags = self.delays if ef_lag is None else _per_group(ef_lag, n, "ef_lag")
-        if not dc_lambda >= 0:
-            raise ValueError(f"dc_lambda must be >= 0, got {dc_lambda}")
-        self.dc_lambda = float(dc_lambda)
-        for name, v in (("sync_start", sync_start), ("sync_cooldown", sync_cooldown)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(f"total_steps must be an integer >= 1, got {total_steps!r}")
-        if sync_cooldown and total_steps is None:
-            raise ValueError("sync_cooldown needs total_steps (the cooldown is the last K of them)")
-        self.sync_start, self.sync_cooldown, self.total_steps = sync_start, sync_cooldown, total_steps
+        self._ef_lag_follows_delay = ef_lag is None
+        self.ef_lags = list(delays) if ef_lag is None else per_group(ef_lag, n, "ef_lag")
+        self._dc = DCASGD(dc_lambda)
+        self.queue = DelayQueue(
+            delays, sync_start=sync_start, sync_cooldown=sync_cooldown, total_steps=total_steps,
+            companion=self._dc if correction == "dc-asgd" else None,
+        )
         self.inner = inner
-        # Registers the inner's group dicts themselves (add_param_group keeps the dict), so
-        # schedulers see one set of groups; then share the list too.
-        super().__init__(inner.param_groups, {})
+        # Registers nothing itself (see add_param_group) and shares the inner's defaults, so
+        # that schedulers which look for "momentum"/"betas" there (OneCycleLR) find them.
+        super().__init__(inner.param_groups, inner.defaults)
+        # One list of group dicts for both, so schedulers attached here drive the inner.
         self.param_groups = inner.param_groups
-        self._updates = [0] * n
-        self._queued = [0] * n
         self.updated = False
 
-    # -- counters ---------------------------------------------------------------------------
+    # -- configuration and counters ---------------------------------------------------------
+    @property
+    def delays(self) -> list[int]:
+        return self.queue.delays
+
+    @property
+    def sync_start(self) -> int:
+        return self.queue.sync_start
+
+    @property
+    def sync_cooldown(self) -> int:
+        return self.queue.sync_cooldown
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.queue.total_steps
+
+    @property
+    def dc_lambda(self) -> float:
+        return self._dc.dc_lambda
+
     @property
     def num_updates(self) -> int:
         """Updates made by the slowest group (all groups agree unless delays differ)."""
-        return min(self._updates)
+        return min(self.queue.updates)
 
     @property
     def group_updates(self) -> list[int]:
-        return list(self._updates)
-
-    def _delay_phase(self, k: int) -> bool:
-        if k < self.sync_start:
-            return False
-        return not (self.sync_cooldown and k >= self.total_steps - self.sync_cooldown)
+        return list(self.queue.updates)
 
     def __repr__(self) -> str:
         delay = self.delays[0] if len(set(self.delays)) == 1 else self.delays
         return f"Delayed({type(self.inner).__name__}, delay={delay}, correction={self.correction!r})"
 
+    def add_param_group(self, param_group: dict, *, delay: int | None = None, ef_lag: int | None = None) -> None:
+        """Add a group to the inner optimizer, with its own queue.
+
+        Its delay is ``delay``, by default the wrapper's (which must then be one for all
+        groups); its EF lag is ``ef_lag``, by default what the other groups use (their delay,
+        unless ``ef_lag`` was given to the constructor). Its updates are counted from 0.
+        """
+        if any(param_group is g for g in self.inner.param_groups):
+            return  # Optimizer.__init__ registering one of the inner's groups: ours already
+        delay = _common(self.delays, "delay") if delay is None else check_count("delay", delay)
+        if ef_lag is None:
+            ef_lag = delay if self._ef_lag_follows_delay else _common(self.ef_lags, "ef_lag")
+        check_count("ef_lag", ef_lag)
+        self.inner.add_param_group(param_group)
+        self.param_groups = self.inner.param_groups  # a CombinedOptimizer keeps its list
+        self.queue.add_group(delay)
+        self.ef_lags.append(ef_lag)
+
     # -- the step -----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
-        plain = not any(self.delays) and not (self.correction == "ef" and any(self.ef_lags))
-        if plain and self.total_steps is None:
+        if self.queue.plain and not (self.correction == "ef" and any(self.ef_lags)):
             self.inner.step()  # plain inner optimizer, bit for bit
-            self._updates = [k + 1 for k in self._updates]
+            self.queue.updates = [k + 1 for k in self.queue.updates]
             self.updated = True
             return loss
 
         ef_lags: dict[int, int] = {}  # id(group) -> EF lag, for groups that update with EF now
         any_update = False
         for gi, group in enumerate(self.param_groups):
-            k = self._updates[gi]
-            if self.total_steps is not None and k >= self.total_steps:
-                self._clear_grads(group)
+            delayed = self.queue.advance(gi, group["params"], self.state)
+            if delayed is None:
                 continue
-            delayed = self._delay_phase(k)
-            tau = self.delays[gi] if delayed else 0
-            if not delayed and self._queued[gi]:
-                self._drop_queue(group)
-                self._queued[gi] = 0
-            if tau:
-                self._push(group)
-                self._queued[gi] += 1
-                if self._queued[gi] <= tau:  # filling: nothing to apply yet
-                    continue
-                self._pop(group)
-                self._queued[gi] -= 1
-            self._updates[gi] += 1
             any_update = True
             lag = self.ef_lags[gi] if delayed and self.correction == "ef" else 0
             if lag:
@@ -183,119 +182,15 @@ class Delayed(Optimizer):
         elif self._steps_per_param(ef_lags):
             self._ef_step_per_param(ef_lags)
         else:
-            ef_params = [
-                (ef_lags[id(g)], p) for g in self.param_groups if id(g) in ef_lags
-                for p in g["params"] if p.grad is not None
-            ]
-            before = [p.detach().clone() for _, p in ef_params]
-            self.inner.step()
-            for (lag, p), u in zip(ef_params, before):
-                self._feedback(p, u, lag)
+            error_feedback.step_whole_model(self.inner, self.param_groups, ef_lags, self.state)
         return loss
 
-    def _push(self, group) -> None:
-        dc = self.correction == "dc-asgd"
-        for p in group["params"]:
-            st = self.state[p]
-            st.setdefault("queue", []).append(p.grad)
-            if dc:
-                st.setdefault("snapshots", []).append(p.detach().clone())
-            p.grad = None
-
-    def _pop(self, group) -> None:
-        dc = self.correction == "dc-asgd"
-        for p in group["params"]:
-            st = self.state[p]
-            g = st["queue"].pop(0)
-            if dc:
-                stale = st["snapshots"].pop(0)
-                if g is not None and self.dc_lambda:
-                    # g(x_now) ~ g(x_stale) + lambda * g * g * (x_now - x_stale)
-                    g.addcmul_(g * g, p - stale, value=self.dc_lambda)
-            p.grad = g
-
-    def _drop_queue(self, group) -> None:
-        for p in group["params"]:
-            st = self.state[p]
-            st.pop("queue", None)
-            st.pop("snapshots", None)
-
-    @staticmethod
-    def _clear_grads(group) -> None:
-        for p in group["params"]:
-            p.grad = None
-
-    def _feedback(self, p: torch.Tensor, u: torch.Tensor, lag: int) -> torch.Tensor | None:
-        """EF for one parameter: ``x <- x_new + lag * (u_prev - u)`` with ``u = x_before - x_new``.
-
-        ``u`` holds ``x_before`` on entry and becomes the new buffer; returns the old buffer,
-        whose memory the caller may reuse.
-        """
-        u.sub_(p)
-        st = self.state[p]
-        prev = st.get("ef_buffer")
-        if prev is None:  # u_{-1} = 0
-            p.sub_(u, alpha=lag)
-        else:
-            p.add_(prev.sub_(u), alpha=lag)
-        st["ef_buffer"] = u
-        return prev
-
+    # The two EF paths are methods so that tests and benchmarks can pin one of them.
     def _steps_per_param(self, ef_lags) -> bool:
-        """Whether EF may step the inner optimizer one parameter at a time.
-
-        That needs a leaf optimizer whose update of a parameter depends on nothing but that
-        parameter's gradient and state (the exact torch and delaylab classes below, with no
-        step hooks, which would fire per call) and parameters on the CPU, where it keeps the
-        snapshot in cache; on an accelerator it would split foreach/fused kernels.
-        """
-        if _global_optimizer_pre_hooks or _global_optimizer_post_hooks:
-            return False
-        for leaf in _leaves(self.inner):
-            if type(leaf) not in _PER_PARAM_SAFE:
-                return False
-            if leaf._optimizer_step_pre_hooks or leaf._optimizer_step_post_hooks:
-                return False
-        return all(
-            p.device.type == "cpu" for g in self.param_groups if id(g) in ef_lags for p in g["params"]
-        )
+        return error_feedback.can_step_per_parameter(self.inner, self.param_groups, ef_lags)
 
     def _ef_step_per_param(self, ef_lags) -> None:
-        """The inner step and EF, one parameter at a time; equal to the whole-model path.
-
-        The snapshot of ``x_before`` is one parameter, not the model, and lives in the buffer
-        the previous parameter of the same shape just freed, so the step allocates almost
-        nothing and its four extra passes run on memory that is still in cache.
-        """
-        spare: dict[tuple, torch.Tensor] = {}
-        for leaf in _leaves(self.inner):
-            groups = leaf.param_groups
-            saved = [g["params"] for g in groups]
-            try:
-                # Groups without EF first, in one ordinary step.
-                for g, params in zip(groups, saved):
-                    g["params"] = [] if id(g) in ef_lags else params
-                if any(g["params"] for g in groups):
-                    leaf.step()
-                for g in groups:
-                    g["params"] = []
-                for g, params in zip(groups, saved):
-                    if id(g) not in ef_lags:
-                        continue
-                    for p in params:
-                        if p.grad is None:
-                            continue
-                        key = (p.shape, p.dtype)
-                        u = spare.pop(key).copy_(p) if key in spare else p.detach().clone()
-                        g["params"] = [p]
-                        leaf.step()
-                        prev = self._feedback(p, u, ef_lags[id(g)])
-                        if prev is not None:
-                            spare[key] = prev
-                    g["params"] = []
-            finally:
-                for g, params in zip(groups, saved):
-                    g["params"] = params
+        error_feedback.step_per_parameter(self.inner, ef_lags, self.state)
 
     # -- state ---------------------------------------------------------------------------------
     def _params(self) -> list[torch.Tensor]:
@@ -322,8 +217,8 @@ class Delayed(Optimizer):
             "delayed": {
                 **self._config(),
                 "dc_lambda": self.dc_lambda,
-                "updates": list(self._updates),
-                "queued": list(self._queued),
+                "updates": list(self.queue.updates),
+                "queued": list(self.queue.queued),
                 "updated": self.updated,
                 "buffers": buffers,
             },
@@ -333,10 +228,10 @@ class Delayed(Optimizer):
         try:
             inner_sd, ours = state_dict["inner"], state_dict["delayed"]
         except (KeyError, TypeError):
-            raise ValueError("not a Delayed state_dict (expected keys 'inner' and 'delayed')") from None
+            raise ConfigError("not a Delayed state_dict (expected keys 'inner' and 'delayed')") from None
         saved = {k: ours[k] for k in self._config()}
         if saved != self._config():
-            raise ValueError(f"state_dict was saved with {saved}, but this wrapper has {self._config()}")
+            raise ConfigError(f"state_dict was saved with {saved}, but this wrapper has {self._config()}")
         self.inner.load_state_dict(inner_sd)
         self.param_groups = self.inner.param_groups  # load_state_dict replaced the group dicts
         params = self._params()
@@ -349,9 +244,9 @@ class Delayed(Optimizer):
             self.state[p] = {
                 key: ([move(t) for t in v] if isinstance(v, list) else move(v)) for key, v in st.items()
             }
-        self.dc_lambda = ours["dc_lambda"]
-        self._updates = list(ours["updates"])
-        self._queued = list(ours["queued"])
+        self._dc.dc_lambda = ours["dc_lambda"]
+        self.queue.updates = list(ours["updates"])
+        self.queue.queued = list(ours["queued"])
         self.updated = ours["updated"]
 
     def children(self) -> list[Optimizer]:
@@ -363,3 +258,9 @@ class Delayed(Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+def _common(values: list[int], name: str) -> int:
+    if len(set(values)) != 1:
+        raise ConfigError(f"the param groups have different {name}s {values}; pass {name}= for the new group")
+    return values[0]

@@ -29,6 +29,8 @@ import math
 import torch
 from torch import Tensor
 
+from delaylab.errors import ConfigError
+
 NORMS = ("spectral", "sign", "l2")
 _ALIASES = {"linf": "sign", "inf": "sign", "frobenius": "l2", "euclidean": "l2"}
 DUAL_NAMES = {"spectral": "nuclear", "sign": "l1", "l2": "l2"}
@@ -39,17 +41,17 @@ CUBIC_COEFFICIENTS = (1.5, -0.5, 0.0)
 
 
 def canonical_norm(norm: str) -> str:
-    """``"linf"`` -> ``"sign"`` etc.; raises ValueError for an unknown norm."""
+    """``"linf"`` -> ``"sign"`` etc.; raises ConfigError for an unknown norm."""
     name = _ALIASES.get(norm, norm)
     if name not in NORMS:
-        raise ValueError(f"unknown norm {norm!r}; expected one of {', '.join(NORMS)}")
+        raise ConfigError(f"unknown norm {norm!r}; expected one of {', '.join(NORMS)}")
     return name
 
 
 def _as_matrices(x: Tensor, batch_dims: int) -> Tensor:
     """View ``x`` as a batch of matrices ``(*batch, rows, cols)`` (see the module docstring)."""
     if batch_dims < 0 or batch_dims > x.ndim:
-        raise ValueError(f"batch_dims={batch_dims} is out of range for a {x.ndim}-d tensor")
+        raise ConfigError(f"batch_dims={batch_dims} is out of range for a {x.ndim}-d tensor")
     batch, rest = x.shape[:batch_dims], x.shape[batch_dims:]
     if len(rest) == 0:
         return x.reshape(*batch, 1, 1)
@@ -78,9 +80,9 @@ def newton_schulz(
     Returns a tensor of ``dtype`` (``None`` keeps ``m``'s dtype) and ``m``'s shape.
     """
     if m.ndim < 2:
-        raise ValueError("newton_schulz needs a matrix or a batch of matrices")
+        raise ConfigError("newton_schulz needs a matrix or a batch of matrices")
     if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
+        raise ConfigError(f"steps must be >= 0, got {steps}")
     a, b, c = coefficients
     x = m if dtype is None else m.to(dtype)
     tall = m.size(-2) > m.size(-1)
@@ -107,7 +109,7 @@ def _polar(mats: Tensor, method: str, ns_steps: int, ns_coefficients, ns_dtype) 
         return u @ vh
     if method == "newton-schulz":
         return newton_schulz(mats, ns_steps, ns_coefficients, dtype=ns_dtype)
-    raise ValueError(f"unknown method {method!r}; expected 'svd' or 'newton-schulz'")
+    raise ConfigError(f"unknown method {method!r}; expected 'svd' or 'newton-schulz'")
 
 
 def ascent_direction(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.optim import Optimizer
 
+from delaylab.errors import ConfigError
 from delaylab.optim._closure import closure_loss
 from delaylab.optim.lmo import (
     MUON_COEFFICIENTS,
@@ -50,6 +51,9 @@ class LMOMomentum(Optimizer):
         scale: ``"none"`` or ``"muon"`` (see above).
     """
 
+    # Each parameter's step reads only its own gradient and state (delaylab.optim.capabilities).
+    steps_per_parameter = True
+
     def __init__(
         self,
         params,
@@ -67,17 +71,17 @@ class LMOMomentum(Optimizer):
         scale: str = "none",
     ):
         if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+            raise ConfigError(f"lr must be > 0, got {lr}")
         if not 0.0 <= beta < 1.0:
-            raise ValueError(f"beta must be in [0, 1), got {beta}")
+            raise ConfigError(f"beta must be in [0, 1), got {beta}")
         if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+            raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
         if method not in _METHODS:
-            raise ValueError(f"unknown method {method!r}; expected one of {_METHODS}")
+            raise ConfigError(f"unknown method {method!r}; expected one of {_METHODS}")
         if scale not in _SCALES:
-            raise ValueError(f"unknown scale {scale!r}; expected one of {_SCALES}")
+            raise ConfigError(f"unknown scale {scale!r}; expected one of {_SCALES}")
         if batch_dims < 0:
-            raise ValueError(f"batch_dims must be >= 0, got {batch_dims}")
+            raise ConfigError(f"batch_dims must be >= 0, got {batch_dims}")
         defaults = dict(
             lr=lr,
             beta=beta,

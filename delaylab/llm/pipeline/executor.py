@@ -12,7 +12,7 @@ accumulates into that slot's ``.grad``. Update ``k`` (gradient of group ``k``, t
 1. the target slot ``(k + 1) mod (tau + 1)`` is the one holding ``V_{k - tau}`` and ``g_k``;
    no microbatch in flight reads it any more (the schedule guarantees it, ``M >= P-1`` for
    2BW), so its weights are overwritten with ``V_k`` (gradients untouched);
-2. the optimizer is re-targeted to that slot's tensors (``delaylab.optim.retarget`` moves
+2. the optimizer is re-targeted to that slot's tensors (``delaylab.llm.pipeline.retarget`` moves
    every level's per-parameter state), steps, and the slot now holds ``V_{k+1}``.
 
 So the optimizer state follows the newest weights, and ``V_{k+1} = V_k - u_k(g_k(V_{k-tau}))``
@@ -35,7 +35,7 @@ from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
 from delaylab.errors import ConfigError, Diverged
-from delaylab.optim import retarget
+from delaylab.llm.pipeline.retarget import retarget
 
 
 class StageExecutor:

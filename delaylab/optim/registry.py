@@ -4,7 +4,8 @@
 
 =======  =================================================================================
 adamw    torch.optim.AdamW; weight decay on >= 2-D params only (nanoGPT's split)
-muon     torch.optim.Muon on hidden 2-D matrices + AdamW on embeddings, head, norms, biases
+muon     torch.optim.Muon on hidden 2-D matrices + AdamW on embeddings, head, norms, biases;
+         float64 matrices get the same method with Newton-Schulz in float64 (LMOMomentum)
 lion     pytorch_optimizer.Lion        (Chen et al. 2023)
 soap     pytorch_optimizer.SOAP        (Vyas et al. 2024)
 adan     pytorch_optimizer.Adan        (Xie et al. 2022)
@@ -21,7 +22,6 @@ LMO beta), ``betas``; anything else goes to the optimizer's constructor. For ``m
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,7 +29,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from delaylab.optim._closure import closure_loss
+from delaylab.errors import ConfigError, MissingExtra
+from delaylab.optim.combined import CombinedOptimizer
 from delaylab.optim.lmo_momentum import LMOMomentum
 
 # Defaults are starting points for small GPTs, not tuned values; sweeps override lr.
@@ -48,54 +49,6 @@ OPTIMIZERS = tuple(DEFAULTS)
 THIRD_PARTY = {"lion": "Lion", "soap": "SOAP", "adan": "Adan", "mars": "MARS"}
 _BETA1_MOMENTUM = ("adamw", "soap", "adan", "mars")
 _NO_MUON_NAME_PARTS = ("embed", "head", "wte", "wpe", "lm_head")
-
-
-class CombinedOptimizer(Optimizer):
-    """Several optimizers over disjoint parameters, stepped together as one ``Optimizer``.
-
-    ``param_groups`` is the concatenation of the children's own group dicts (so one LR
-    scheduler drives all of them); state lives in the children.
-    """
-
-    def __init__(self, optimizers: list[Optimizer]):
-        if not optimizers:
-            raise ValueError("CombinedOptimizer needs at least one optimizer")
-        self.optimizers = list(optimizers)
-        super().__init__([g for o in self.optimizers for g in o.param_groups], {})
-        self._realias()
-
-    def _realias(self) -> None:
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure_loss(closure)
-        for opt in self.optimizers:
-            opt.step()
-        return loss
-
-    def state_dict(self) -> dict:
-        return {"optimizers": [o.state_dict() for o in self.optimizers]}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict.get("optimizers") if isinstance(state_dict, dict) else None
-        if saved is None or len(saved) != len(self.optimizers):
-            raise ValueError("state_dict does not match this CombinedOptimizer's children")
-        for opt, sd in zip(self.optimizers, saved):
-            opt.load_state_dict(sd)
-        self._realias()
-
-    def children(self) -> list[Optimizer]:
-        return list(self.optimizers)
-
-    def __getstate__(self) -> dict:
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
-    def __repr__(self) -> str:
-        return "CombinedOptimizer(" + ", ".join(type(o).__name__ for o in self.optimizers) + ")"
 
 
 def _named_params(model_or_params) -> tuple[list[tuple[str, torch.Tensor]], set[int]]:
@@ -131,7 +84,7 @@ def _third_party(name: str):
     try:
         import pytorch_optimizer
     except ImportError:
-        raise ImportError(
+        raise MissingExtra(
             f"optimizer {name!r} needs the pytorch-optimizer package: pip install 'delaylab[optimizers]'"
         ) from None
     return getattr(pytorch_optimizer, THIRD_PARTY[name])
@@ -141,24 +94,44 @@ def _construct(cls, groups, name: str, **kwargs) -> Optimizer:
     try:
         return cls(groups, **kwargs)
     except TypeError as err:
-        raise ValueError(f"bad hyperparameters for {name}: {err}") from None
+        raise ConfigError(f"bad hyperparameters for {name}: {err}") from None
+
+
+def _muon_in_param_dtype(params: list[torch.Tensor], hp: dict) -> LMOMomentum:
+    """``torch.optim.Muon(params, **hp)`` with the Newton-Schulz iteration in the params' dtype.
+
+    LMOMomentum with these settings is torch's Muon operation for operation (see its
+    docstring); only ``ns_dtype=None`` differs. Muon options it does not model are refused.
+    """
+    hp = dict(hp)
+    eps, adjust = hp.pop("eps", 1e-7), hp.pop("adjust_lr_fn", None)
+    if eps != 1e-7 or adjust not in (None, "original"):
+        raise ConfigError(
+            "muon on float64 parameters (computed in float64) supports only the default eps "
+            f"and adjust_lr_fn; got eps={eps}, adjust_lr_fn={adjust!r}"
+        )
+    hp["beta"] = hp.pop("momentum")
+    return _construct(
+        LMOMomentum, params, "muon",
+        norm="spectral", method="newton-schulz", scale="muon", ns_dtype=None, **hp,
+    )
 
 
 def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
     """Build optimizer ``name`` (see the module docstring) over a model or a list of tensors."""
     key = name.lower()
     if key not in DEFAULTS:
-        raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+        raise ConfigError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
     hp = {**DEFAULTS[key], **{k: v for k, v in hparams.items() if v is not None}}
     lr = hp.get("lr")
     if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be > 0, got {lr}")
+        raise ConfigError(f"lr must be > 0, got {lr}")
     momentum = hparams.get("momentum")
     if momentum is not None and not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
     named, excluded = _named_params(model_or_params)
     if not named:
-        raise ValueError("no trainable parameters")
+        raise ConfigError("no trainable parameters")
 
     if key in _BETA1_MOMENTUM and momentum is not None:
         hp.pop("momentum")
@@ -176,9 +149,15 @@ def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
         adam = {"lr": hp.pop("adam_lr"), "betas": hp.pop("adam_betas"), "weight_decay": hp.pop("adam_weight_decay")}
         hidden = [p for _, p in named if p.ndim == 2 and id(p) not in excluded]
         rest = [(n, p) for n, p in named if not (p.ndim == 2 and id(p) not in excluded)]
+        # torch.optim.Muon orthogonalizes in bfloat16 whatever the parameter's dtype; float64
+        # matrices (equivalence checks) get the same iteration computed in float64.
+        native = [p for p in hidden if p.dtype != torch.float64]
+        exact = [p for p in hidden if p.dtype == torch.float64]
         parts = []
-        if hidden:
-            parts.append(_construct(torch.optim.Muon, hidden, key, **hp))
+        if native:
+            parts.append(_construct(torch.optim.Muon, native, key, **hp))
+        if exact:
+            parts.append(_muon_in_param_dtype(exact, hp))
         if rest:
             parts.append(_construct(torch.optim.AdamW, _decay_groups(rest, adam.pop("weight_decay")), key, **adam))
         return parts[0] if len(parts) == 1 else CombinedOptimizer(parts)
@@ -188,33 +167,3 @@ def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
         return _construct(LMOMomentum, [p for _, p in named], key, **hp)
     wd = hp.pop("weight_decay")
     return _construct(_third_party(key), _decay_groups(named, wd), key, **hp)
-
-
-def retarget(optimizer: Optimizer, new_params: list[torch.Tensor]) -> None:
-    """Point ``optimizer`` (and every optimizer inside it) at ``new_params``, keeping all state.
-
-    ``new_params`` replaces the optimizer's parameters in order (group by group). Per-parameter
-    state is re-keyed at every level (a :class:`Delayed` wrapper, a :class:`CombinedOptimizer`,
-    the torch optimizers inside), so a pipeline stage can step whichever weight-version slot
-    holds the current weights.
-    """
-    old = [p for g in optimizer.param_groups for p in g["params"]]
-    if len(old) != len(new_params):
-        raise ValueError(f"optimizer has {len(old)} params, got {len(new_params)}")
-    for a, b in zip(old, new_params):
-        if a.shape != b.shape:
-            raise ValueError(f"shape mismatch in retarget: {tuple(a.shape)} vs {tuple(b.shape)}")
-    mapping = {id(a): b for a, b in zip(old, new_params)}
-
-    def visit(opt: Optimizer) -> None:
-        children = opt.children() if hasattr(opt, "children") else []
-        for child in children:
-            visit(child)
-        for group in opt.param_groups:  # group dicts may be shared between levels: map by id
-            group["params"] = [mapping.get(id(p), p) for p in group["params"]]
-        moved = defaultdict(dict)
-        for p, st in opt.state.items():
-            moved[mapping.get(id(p), p)] = st
-        opt.state = moved
-
-    visit(optimizer)

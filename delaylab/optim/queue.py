@@ -1,0 +1,131 @@
+"""DelayQueue: per param group, which call updates, with which queued gradient, in which phase.
+
+Group ``g`` has a delay ``tau_g``. In a delayed phase its first ``tau_g`` calls only push the
+current gradient (a fill: no update); afterwards each call pushes the new gradient and pops
+the one pushed ``tau_g`` calls earlier into ``p.grad``. Updates ``k < sync_start`` and
+``k >= total_steps - sync_cooldown`` are undelayed; leaving a delayed phase drops the queue,
+entering one costs a new fill. With ``total_steps`` set, a group that has made
+``total_steps`` updates ignores further calls.
+
+The queued gradients live in the owner's per-parameter state (``state[p]["queue"]``), so
+they are saved, loaded and re-targeted with it. A ``companion`` (DC-ASGD) may keep something
+next to each queued gradient: it is told ``remember(p, st)`` on a push, ``apply(p, st, g)`` on
+a pop (returning the gradient to use) and ``forget(st)`` when the queue is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from delaylab.errors import ConfigError
+
+
+class QueueCompanion(Protocol):
+    def remember(self, p: torch.Tensor, st: dict) -> None: ...
+    def apply(self, p: torch.Tensor, st: dict, g: torch.Tensor | None) -> torch.Tensor | None: ...
+    def forget(self, st: dict) -> None: ...
+
+
+def per_group(value: int | Sequence[int], n: int, name: str) -> list[int]:
+    """``value`` for each of ``n`` groups: an int for all, or a list with one entry each."""
+    values = [value] * n if isinstance(value, int) else list(value)
+    if len(values) != n:
+        raise ConfigError(f"{name} has {len(values)} entries but the optimizer has {n} param groups")
+    for v in values:
+        check_count(name, v)
+    return values
+
+
+def check_count(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"{name} must be an integer >= 0 (or a list of them), got {v!r}")
+    return v
+
+
+class DelayQueue:
+    def __init__(
+        self,
+        delays: list[int],
+        *,
+        sync_start: int = 0,
+        sync_cooldown: int = 0,
+        total_steps: int | None = None,
+        companion: QueueCompanion | None = None,
+    ):
+        for name, v in (("sync_start", sync_start), ("sync_cooldown", sync_cooldown)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
+            raise ConfigError(f"total_steps must be an integer >= 1, got {total_steps!r}")
+        if sync_cooldown and total_steps is None:
+            raise ConfigError("sync_cooldown needs total_steps (the cooldown is the last K of them)")
+        self.delays = list(delays)
+        self.sync_start, self.sync_cooldown, self.total_steps = sync_start, sync_cooldown, total_steps
+        self.companion = companion
+        self.updates = [0] * len(self.delays)  # updates made, per group
+        self.queued = [0] * len(self.delays)  # gradients waiting, per group
+
+    def add_group(self, tau: int) -> None:
+        self.delays.append(check_count("delay", tau))
+        self.updates.append(0)
+        self.queued.append(0)
+
+    @property
+    def plain(self) -> bool:
+        """No delay and no step budget: every call is one update with the current gradient."""
+        return not any(self.delays) and self.total_steps is None
+
+    def delayed_phase(self, k: int) -> bool:
+        """Whether update ``k`` (of a group) is made with the group's delay."""
+        if k < self.sync_start:
+            return False
+        return not (self.sync_cooldown and k >= self.total_steps - self.sync_cooldown)
+
+    def advance(self, gi: int, params: list[torch.Tensor], state) -> bool | None:
+        """One call for group ``gi``: fill, or leave in ``p.grad`` the gradient to apply now.
+
+        Returns None when the group makes no update on this call, else whether its update
+        is in a delayed phase (a correction applies only there).
+        """
+        k = self.updates[gi]
+        if self.total_steps is not None and k >= self.total_steps:
+            for p in params:
+                p.grad = None
+            return None
+        delayed = self.delayed_phase(k)
+        tau = self.delays[gi] if delayed else 0
+        if not delayed and self.queued[gi]:
+            self._drop(params, state)
+            self.queued[gi] = 0
+        if tau:
+            self._push(params, state)
+            self.queued[gi] += 1
+            if self.queued[gi] <= tau:  # filling: nothing to apply yet
+                return None
+            self._pop(params, state)
+            self.queued[gi] -= 1
+        self.updates[gi] += 1
+        return delayed
+
+    def _push(self, params, state) -> None:
+        for p in params:
+            st = state[p]
+            st.setdefault("queue", []).append(p.grad)
+            if self.companion is not None:
+                self.companion.remember(p, st)
+            p.grad = None
+
+    def _pop(self, params, state) -> None:
+        for p in params:
+            st = state[p]
+            g = st["queue"].pop(0)
+            p.grad = g if self.companion is None else self.companion.apply(p, st, g)
+
+    def _drop(self, params, state) -> None:
+        for p in params:
+            st = state[p]
+            st.pop("queue", None)
+            if self.companion is not None:
+                self.companion.forget(st)
