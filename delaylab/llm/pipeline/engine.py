@@ -124,6 +124,7 @@ def _run_rank(cfg: Config, out: Path, resume: bool, stop_at: int | None, rank: i
     # The tied matrix lives on the first and the last stage; their gradients meet before each
     # update (Megatron-LM's embedding group). Every rank calls new_group, members or not.
     tied = dist.new_group([0, P - 1]) if model_cfg.tie_embeddings and P > 1 else None
+    tied = tied if rank in (0, P - 1) else None
     schedule = Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start)
 
     def batch(n: int):

@@ -133,7 +133,7 @@ class StageExecutor:
         else:
             self._stash[a.n] = (x, out)
         self.max_in_flight = max(self.max_in_flight, len(self._stash))
-        return None if self.stage.last else out.detach().float()
+        return None if self.stage.last else out.detach().to(self.p2p.dtype)  # autocast output (bf16) on the wire dtype
 
     def _backward(self, a: Action, received):
         x, out = self._stash.pop(a.n)
@@ -236,7 +236,7 @@ class StageExecutor:
                 if last:
                     losses.append(lm_loss(out, y).item())
             if not last:
-                self.p2p.post((out.float(), s + 1, "F", -1 - i), None)
+                self.p2p.post((out.to(self.p2p.dtype), s + 1, "F", -1 - i), None)
         self.p2p.flush()
         model.train()
         return sum(losses) / len(losses) if last and losses else None
