@@ -1,0 +1,101 @@
+"""The one config: flags generated from its fields, defaults in one place, resolution, legacy files."""
+
+import json
+
+import pytest
+
+from delaylab.cli import build_parser
+from delaylab.commands._config_flags import config_from_args
+from delaylab.errors import ConfigError
+from delaylab.llm.config import Config, leaf_fields
+
+# A value other than the default for every field, as typed on the command line and as parsed.
+SAMPLES = {
+    "preset": ("small", "small"), "n_layer": ("3", 3), "mlp": ("swiglu", "swiglu"),
+    "tie_embeddings": ("true", True), "dropout": ("0.1", 0.1), "block_size": ("16", 16),
+    "dtype": ("float64", "float64"), "data": ("a.txt", "a.txt"), "tokenizer": ("bpe", "bpe"),
+    "vocab_size": ("512", 512), "text_field": ("body", "body"), "val_fraction": ("0.2", 0.2),
+    "batch_size": ("8", 8), "grad_accum": ("3", 3), "optimizer": ("muon", "muon"), "lr": ("0.02", 0.02),
+    "momentum": ("0.9", 0.9), "weight_decay": ("0.01", 0.01), "lr_schedule": ("wsd", "wsd"),
+    "warmup": ("4", 4), "min_lr_ratio": ("0.2", 0.2), "wsd_decay": ("0.3", 0.3), "delay": ("3,2,1", [3, 2, 1]),
+    "correction": ("ef", "ef"), "dc_lambda": ("0.5", 0.5), "sync_start": ("2", 2), "sync_cooldown": ("1", 1),
+    "schedule": ("pipedream", "pipedream"), "stages": ("3", 3), "timeout": ("9", 9.0), "steps": ("50", 50),
+    "seed": ("7", 7), "eval_every": ("5", 5), "eval_batches": ("2", 2), "log_every": ("3", 3),
+    "ckpt_every": ("0", 0), "device": ("cpu", "cpu"), "threads": ("2", 2), "progress": ("false", False),
+    "log": ("tensorboard", "tensorboard"),
+}
+
+
+def test_every_field_has_a_flag_that_sets_it():
+    assert set(SAMPLES) == set(leaf_fields())  # a new field needs a sample here
+    argv = ["llm", "train"]
+    for name, (text, _) in SAMPLES.items():
+        argv += ["--" + name.replace("_", "-"), text]
+    args = build_parser().parse_args(argv)
+    flat = config_from_args(args).flat()
+    for name, (_, value) in SAMPLES.items():
+        assert flat[name] == value, name
+    for name, (_, value) in SAMPLES.items():  # and each flag alone sets only its field
+        alone = config_from_args(build_parser().parse_args(
+            ["llm", "train", "--" + name.replace("_", "-"), SAMPLES[name][0]])).flat()
+        default = Config().flat()
+        assert {k for k in alone if alone[k] != default[k]} == {name}, name
+
+
+def test_help_shows_each_default_from_the_dataclass(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["llm", "pipeline", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, (_, f) in leaf_fields().items():
+        assert "--" + name.replace("_", "-") in text, name
+        if f.default is not None and not isinstance(f.default, bool):
+            assert f"(default {f.default})" in text, name
+
+
+@pytest.mark.parametrize("flat,engine,want", [
+    (dict(), "simulator", dict(delay=0, grad_accum=1, schedule=None, stages=None)),
+    (dict(delay=3), "simulator", dict(delay=3, grad_accum=1, schedule=None)),
+    (dict(delay=[1, 0]), "simulator", dict(stages=2, grad_accum=1)),
+    (dict(schedule="2bw", stages=3, preset="small"), "simulator", dict(delay=1, grad_accum=4, stages=3)),
+    (dict(), "pipeline", dict(schedule="2bw", delay=1, stages=2, grad_accum=4)),
+    (dict(delay=0), "pipeline", dict(schedule="1f1b", stages=2, grad_accum=4)),
+    (dict(delay=[2, 1, 0], preset="small"), "pipeline", dict(schedule="pipedream", stages=3, grad_accum=1)),
+    (dict(schedule="2bw", stages=4, preset="small"), "pipeline", dict(delay=1, grad_accum=4)),
+    (dict(schedule="2bw", stages=4, preset="small", n_layer=8), "pipeline", dict(grad_accum=4)),
+])
+def test_resolution_fills_what_the_engine_leaves_open(flat, engine, want):
+    cfg = Config.from_dict(flat).resolved(engine)
+    assert {k: cfg.flat()[k] for k in want} == want
+    assert cfg.resolved(engine) is cfg  # validated once
+
+
+@pytest.mark.parametrize("flat,engine,match", [
+    (dict(delay=2), "pipeline", "no pipeline schedule gives delay 2"),
+    (dict(delay=1, schedule="gpipe"), "simulator", "contradicts schedule gpipe"),
+    (dict(delay=[1, 0], stages=3), "simulator", "2 stage delays but stages=3"),
+    (dict(correction="dc-asgd", delay=1), "pipeline", "supports correction none or ef"),
+    (dict(sync_start=2, delay=1), "pipeline", "not supported by the pipeline"),
+    (dict(dtype="float64", device="cuda"), "simulator", "CUDA"),
+    (dict(delay=[1, 0], tie_embeddings=True), "simulator", "per-stage delays need untied"),
+])
+def test_combinations_that_cannot_run_are_one_line_errors(flat, engine, match):
+    with pytest.raises(ConfigError, match=match):
+        Config.from_dict(flat).resolved(engine)
+
+
+def test_a_config_round_trips_through_json_nested_and_flat():
+    cfg = Config.from_dict(optimizer="muon", delay=[1, 0], lr=0.01).resolved()
+    again = Config.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again.flat() == cfg.flat() and not cfg.differences(cfg.to_dict())
+    assert Config.from_dict(cfg.flat()).flat() == cfg.flat()
+    with pytest.raises(ConfigError, match="unknown config fields: mode2"):
+        Config.from_dict(mode2=1)
+
+
+@pytest.mark.parametrize("legacy,delay", [
+    (dict(mode="sync", delay=1), 0), (dict(mode="delayed", delay=1), 1), (dict(mode="delayed", delay=[2, 0]), [2, 0]),
+])
+def test_configs_of_earlier_versions_still_read(legacy, delay):
+    """Flat configs with the ``mode`` switch (run folders made before the nested config)."""
+    cfg = Config.from_dict({**legacy, "schedule": "wsd", "microbatches": 3})
+    assert (cfg.delay.delay, cfg.lr_schedule.lr_schedule, cfg.data.grad_accum) == (delay, "wsd", 3)
