@@ -58,11 +58,14 @@ def _parser_for(annotation: str):
     return _PARSERS[base]
 
 
-def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
-    """Add a flag for every config field not in ``exclude``."""
-    groups = {sec: parser.add_argument_group(_TITLES[sec]) for sec in SECTIONS}
+def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
+                     only: tuple[str, ...] | None = None, title: str | None = None) -> None:
+    """Add a flag for every config field not in ``exclude`` (and in ``only``, if given); ``title``
+    puts them in one argument group instead of one per section."""
+    groups = {sec: parser.add_argument_group(title or _TITLES[sec]) for sec in SECTIONS} if title is None else \
+        dict.fromkeys(SECTIONS, parser.add_argument_group(title))
     for name, (sec, f) in leaf_fields().items():
-        if name in exclude:
+        if name in exclude or only is not None and name not in only:
             continue
         meta = f.metadata
         default = f.default if f.default is not MISSING else f.default_factory()
@@ -80,14 +83,20 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
         groups[sec].add_argument(*flags, **kw)
 
 
-def config_from_args(args: argparse.Namespace, base: dict | None = None) -> Config:
-    """The config of ``base`` (a saved ``config.json``, or nothing) with the flags that were given."""
+def given_fields(args: argparse.Namespace, only: tuple[str, ...] | None = None) -> dict:
+    """``{field: value}`` of the config flags that were given (of ``only``, where the command
+    added only those: its other options may share a field's name)."""
     given = {}
-    for name in leaf_fields():
+    for name in (leaf_fields() if only is None else only):
         val = getattr(args, name, None)
         if val is not None:
             given[name] = val[0] if name == "data" and len(val) == 1 else val
-    return Config.from_dict(base, **given)
+    return given
+
+
+def config_from_args(args: argparse.Namespace, base: dict | None = None) -> Config:
+    """The config of ``base`` (a saved ``config.json``, or nothing) with the flags that were given."""
+    return Config.from_dict(base, **given_fields(args))
 
 
 def reject_changes_on_resume(args: argparse.Namespace, folder) -> None:

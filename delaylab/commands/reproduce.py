@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 
+from dataclasses import replace
+
 from delaylab.commands._common import add_json_flag, emit, positive_int
+from delaylab.commands._config_flags import add_config_flags, given_fields
 
 PRESET_NAMES = ("cpu-small", "ci")  # listed for --help; delaylab.reproduce.presets validates
+# Config fields a user may set for every GPT run of a report; the rest are what the findings vary.
+RUN_OVERRIDES = ("data", "tokenizer", "vocab_size", "text_field", "val_fraction", "device", "log")
 
 
 def register(sub) -> None:
@@ -21,6 +26,7 @@ def register(sub) -> None:
                    help=f"grid: {', '.join(PRESET_NAMES)} (default cpu-small: under an hour on 2 CPU cores)")
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
+    add_config_flags(p, only=RUN_OVERRIDES, title="every GPT run of the report (the config's fields)")
     add_json_flag(p)
     p.set_defaults(func=cmd_reproduce)
 
@@ -39,8 +45,12 @@ def _render(rep: dict) -> str:
 def cmd_reproduce(args) -> int:
     from delaylab.reproduce import get_preset, reproduce
 
+    preset = get_preset(args.preset)
+    given = given_fields(args, RUN_OVERRIDES)
+    if given:  # the same data / device for every GPT run: the grids themselves stay the preset's
+        preset = replace(preset, llm=replace(preset.llm, base={**preset.llm.base, **given}))
     # A crashed run raises RunFailed (exit 1): its folder keeps what it had; rerunning resumes.
-    rep = reproduce(get_preset(args.preset), args.out, jobs=args.jobs)
+    rep = reproduce(preset, args.out, jobs=args.jobs)
     result = {"preset": rep["preset"], "out": rep["out"], "report": f"{rep['out']}/report.md",
               "summary": rep["summary"], "session": rep["session"]}
     emit(result if args.json else rep, args.json, _render)

@@ -219,3 +219,23 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "another grid" in err
     assert not (folder / "llm").exists()
+
+
+def test_config_flags_reach_every_gpt_run_of_the_report(monkeypatch, tmp_path, capsys):
+    """`reproduce --tokenizer bpe --device cpu` changes the base of every GPT run, nothing else."""
+    import delaylab.reproduce as R
+    from delaylab.cli import main
+    from delaylab.reproduce import get_preset
+
+    seen = {}
+
+    def fake(preset, out, jobs):
+        seen["preset"] = preset
+        return {"preset": "ci", "out": str(out), "summary": [], "session": {}}
+
+    monkeypatch.setattr(R, "reproduce", fake)
+    assert main(["reproduce", "--preset", "ci", "--out", str(tmp_path), "--tokenizer", "bpe", "--device", "cpu",
+                 "--json"]) == 0
+    ci = get_preset("ci")
+    assert seen["preset"].llm.base == {**ci.llm.base, "tokenizer": "bpe", "device": "cpu"}
+    assert seen["preset"].llm.lrs == ci.llm.lrs and seen["preset"].schedules == ci.schedules
