@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     Ms = [int(m) for m in args.microbatches.split(",")]
 
-    from delaylab.llm.pipeline.engine import PipelineConfig
+    from delaylab.llm.config import Config
     from delaylab.llm.pipeline.launch import run_jobs
     from delaylab.llm.pipeline.simulator import Costs, simulate
     from delaylab.llm.pipeline.schedules import Schedule
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
         order = [(M, s) for M in Ms for s in SCHEDULES]
         k = r % len(order)
         for M, sched in order[k:] + order[:k]:  # rotate: every config leads a round once
-            cfg = PipelineConfig(
-                preset=args.preset, pipeline=sched, stages=P, microbatches=M, batch_size=args.batch_size,
+            cfg = Config.from_dict(
+                preset=args.preset, schedule=sched, stages=P, grad_accum=M, batch_size=args.batch_size,
                 block_size=args.block_size, steps=args.steps, optimizer="adamw", eval_batches=1,
                 log_every=args.steps, ckpt_every=0, threads=1, progress=False, device="cpu",
             )

@@ -19,13 +19,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
 from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT
-from delaylab.llm.train import Trainer, TrainConfig, train
+from delaylab.llm.config import Config
+from delaylab.llm.train import Trainer, train
 from delaylab.optim import build_optimizer
 
 TARGETS = {"trainer/bare": 0.95, "delayed/sync": 0.97, "ef/sync": 0.95}
@@ -34,7 +34,7 @@ TARGETS = {"trainer/bare": 0.95, "delayed/sync": 0.97, "ef/sync": 0.95}
 class BareLoop:
     """The loop a user would write by hand."""
 
-    def __init__(self, cfg: TrainConfig, data):
+    def __init__(self, cfg: Config, data):
         torch.manual_seed(cfg.seed)
         self.model = GPT(cfg.model_config(data.vocab_size))
         self.opt = build_optimizer(cfg.optimizer, self.model, lr=cfg.resolved_lr())
@@ -60,14 +60,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = load_dataset()
-    base = TrainConfig(preset=args.preset, optimizer=args.optimizer, batch_size=args.batch_size,
-                       steps=args.steps + 10, eval_batches=1, ckpt_every=0, threads=args.threads,
-                       progress=False).validate()
+    base = Config.from_dict(preset=args.preset, optimizer=args.optimizer, batch_size=args.batch_size,
+                            steps=args.steps + 10, eval_batches=1, ckpt_every=0, threads=args.threads,
+                            progress=False).resolved()
     runs = {
         "bare": BareLoop(base, data),
         "sync": Trainer(base, data),
-        "delayed": Trainer(replace(base, mode="delayed"), data),
-        "ef": Trainer(replace(base, mode="delayed", correction="ef"), data),
+        "delayed": Trainer(base.replace(delay=1), data),
+        "ef": Trainer(base.replace(delay=1, correction="ef"), data),
     }
     tokens_per_step = args.batch_size * base.model_config(data.vocab_size).block_size
     elapsed = dict.fromkeys(runs, 0.0)
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         done += n
     rate = {k: args.steps * tokens_per_step / v for k, v in elapsed.items()}
     # train()'s own loop around Trainer.step, from one short run
-    s = train(replace(base, steps=max(20, args.steps // 3), eval_every=10**9), dataset=data)
+    s = train(base.replace(steps=max(20, args.steps // 3), eval_every=10**9), dataset=data)
     loop_overhead = s["loop_time_s"] / s["train_time_s"] - 1
     ratios = {
         "trainer/bare": rate["sync"] / rate["bare"] / (1 + loop_overhead),
