@@ -10,7 +10,10 @@ seed, so call c draws the same noise in every mode and the per-seed ratios are p
 Reported per problem and mode (``metric``: ``(1/T) sum_{t<T} ||grad f(x_t)||_*`` in ``norm``,
 the quantity the bounds speak about):
 
-* the best metric at ``T = max(steps)`` over the lr grid, with a 95% t-interval over seeds;
+* the best metric at ``T = max(steps)`` over the lr grid, with a 95% t-interval over seeds. A
+  seed whose loss f(x_{T-1}) is above f(x_0) counts as diverged (inf), as does one that blew up:
+  on the saturating problems (cauchy, logdet, the Cauchy-loss regressions) the gradient vanishes
+  far out, so an unstable optimizer that escapes would otherwise score well;
 * the delay cost: delayed / sync per seed, each at its own best lr (``cost_best``) and both at
   the sync-best lr (``cost_at_sync_lr``), with intervals. The best lrs are picked on the same
   seeds they are reported on (a small optimistic bias, equal for every mode);
@@ -51,7 +54,7 @@ from delaylab.optim import LMOMomentum
 from delaylab.theory import stability
 from delaylab.toy.problems import PROBLEMS, Problem, Quadratic, make_problem
 from delaylab.toy.rates import interval, loglog_slope, rate_check
-from delaylab.toy.runs import OptimizerFactory, build, get_method, run_optimizer
+from delaylab.toy.runs import METHODS, OptimizerFactory, build, get_method, run_optimizer
 
 DEFAULT_DELAYS = (0, 1, 2)
 DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -285,7 +288,9 @@ def profile(
             probe = build(make_optimizer, [problem.x0.clone()])
             coupled = seeds_coupled(make_optimizer, problem)
         except ConfigError as err:
-            skipped.append({"problem": problem.name, "reason": str(err)})
+            if err.__cause__ is None:  # it returned something else than an optimizer: always an error
+                raise
+            skipped.append({"problem": problem.name, "reason": str(err)})  # e.g. Muon on a vector
             continue
         if declare is None:
             declare = infer_declared(probe)
@@ -327,7 +332,10 @@ def _profile_problem(make_optimizer, problem, modes, scales, ts, seeds, seed, no
         for s in scales:
             traj = run_optimizer(problem, make_optimizer, steps=ts[-1], lr_scale=s, seeds=seeds, seed=seed,
                                  delay=delay, correction=corr, norms=(norm,), per_seed_optimizers=coupled)
-            prefix.append(traj.grad_norm[norm].cumsum(dim=0)[idx] / counts)
+            metric = traj.grad_norm[norm].cumsum(dim=0)[idx] / counts
+            # A run whose loss ends above its start has left the basin; on the saturating problems
+            # the gradient vanishes far out, so the gradient norm alone would reward escaping.
+            prefix.append(metric.masked_fill(traj.value[idx] > traj.value[0], math.inf))
             if progress:
                 progress({"problem": problem.name, "mode": mode_label(delay, corr), "lr": s * base_lr,
                           "metric": float(prefix[-1][-1].mean())})
@@ -459,6 +467,42 @@ def _bound_checks(make_optimizer, plist, modes, declare, steps, seeds, seed, pro
     return out
 
 
+def load_optimizer(spec: str, kwargs: dict | None = None) -> OptimizerFactory:
+    """The factory named by ``spec``: ``package.module:name`` (a function or an optimizer class,
+    called as ``name(params, **kwargs)``) or a method of ``toy rates``' registry (``kwargs``:
+    ``lr``, ``beta``). Raises ConfigError for anything that does not resolve."""
+    import functools
+    import importlib
+
+    kwargs = dict(kwargs or {})
+    if spec in METHODS:
+        bad = set(kwargs) - {"lr", "beta"}
+        if bad:
+            raise ConfigError(f"registry method {spec} takes lr and beta, not {', '.join(sorted(bad))}")
+        return registry_optimizer(spec, float(kwargs.get("lr", 0.02)), float(kwargs.get("beta", 0.9)))
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ConfigError(f"--optimizer must be package.module:factory or one of {', '.join(METHODS)}; "
+                          f"got {spec!r}")
+    try:
+        obj = importlib.import_module(module)
+    except Exception as err:  # ImportError, or an error raised by the module itself
+        raise ConfigError(f"cannot import {module!r} (from {spec!r}): {type(err).__name__}: {err}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{spec!r} does not resolve: {module} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise ConfigError(f"{spec!r} is a {type(obj).__name__}, not a callable factory")
+    factory = functools.partial(obj, **kwargs) if kwargs else obj
+    if kwargs:
+        factory.__qualname__ = spec
+        if getattr(obj, "declared", None) is not None:
+            factory.declared = obj.declared
+    return factory
+
+
 def expected_progress(n_problems: int, delays: Sequence[int], ef: bool, n_scales: int, stability_check: bool,
                       lmo: bool, n_bound_problems: int = 0) -> int:
     """How many times :func:`profile` calls ``progress`` (for a progress bar's total)."""
@@ -467,5 +511,5 @@ def expected_progress(n_problems: int, delays: Sequence[int], ef: bool, n_scales
         n_bound_problems * modes if lmo else 0)
 
 
-__all__ = ["Declared", "infer_declared", "profile", "registry_optimizer", "seeds_coupled", "stability_profile",
+__all__ = ["Declared", "infer_declared", "load_optimizer", "profile", "registry_optimizer", "seeds_coupled", "stability_profile",
            "largest_stable_scale", "expected_progress", "mode_label"]
