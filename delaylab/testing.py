@@ -36,7 +36,7 @@ def assert_delay_robust(
     max_cost: float = 1.25,
     at: Sequence[str] = ("best", "sync_lr"),
     delays: Sequence[int] = (1,),
-    ef: bool = False,
+    corrections: Sequence[str] = ("none",),
     problems: Sequence = DEFAULT_PROBLEMS,
     lr_scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0),
     steps: Sequence[int] = (50, 100, 200),
@@ -52,7 +52,8 @@ def assert_delay_robust(
     over seeds (the 95% interval is shown), for every problem and delay, and for each entry of
     ``at``: ``"best"`` (each run at its own best lr of the grid ``lr_scales`` x the factory's lr)
     and ``"sync_lr"`` (the delayed run at the sync-best lr: tune without delay, then turn the
-    pipeline on). A diverged run costs inf. ``ef=True`` checks the EF runs as well.
+    pipeline on). A diverged run costs inf. ``corrections``: which delayed runs are held to
+    the limit, plain (``"none"``) and/or with error feedback (``"ef"``).
     ``min_stability_ratio``: also require, per delay, largest stable lr on the quadratic
     delayed / sync >= it (meaningful for linear methods: SGD, heavy ball). A problem the
     factory cannot build on (Muon on a vector) fails unless ``allow_skipped``. Other keywords
@@ -62,15 +63,17 @@ def assert_delay_robust(
     bad_at = [a for a in at if a not in CHECKS]
     if bad_at or not at:
         raise ValueError(f"at must name checks among {', '.join(CHECKS)}, got {list(at)}")
+    if not corrections or any(c not in ("none", "ef") for c in corrections):
+        raise ValueError(f"corrections must be among 'none' and 'ef', got {list(corrections)}")
     if not max_cost > 0:
         raise ValueError(f"max_cost must be > 0, got {max_cost}")
-    result = profile(make_optimizer, problems=problems, delays=(0, *delays), ef=ef, lr_scales=lr_scales,
+    result = profile(make_optimizer, problems=problems, delays=(0, *delays), ef="ef" in corrections, lr_scales=lr_scales,
                      steps=steps, seeds=seeds, seed=seed, stability_check=min_stability_ratio is not None,
                      bound_check=False, **profile_kwargs)
     rows = []  # (problem, mode, check, measured text, limit text, ok)
     for p in result["problems"]:
         for m in p["modes"]:
-            if not m["delay"]:
+            if not m["delay"] or m["correction"] not in corrections:
                 continue
             for a in at:
                 key, label = CHECKS[a]
