@@ -88,7 +88,7 @@ class Declared:
         if not 0.0 <= self.beta < 1.0:
             raise ConfigError(f"declared momentum must be in [0, 1), got {self.beta}")
         if (self.kind == "lmo") != (self.norm is not None):
-            raise ConfigError("a norm is declared with kind 'lmo' and only then")
+            raise ConfigError("kind 'lmo' needs a norm (lmo:NORM:BETA) and the other kinds take none")
         if self.norm is not None and self.norm not in ("spectral", "sign", "l2"):
             raise ConfigError(f"unknown LMO norm {self.norm!r}; expected spectral, sign or l2")
 
