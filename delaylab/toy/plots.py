@@ -158,6 +158,8 @@ def plot_profile(result: dict):
             ax.plot(row["lrs"], ys, color=f"C{k}", alpha=0.8, marker=".", label=mode if j == 0 else None)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("lr")
     ax.set_ylabel(f"metric at T={result['steps'][-1]} / sync best")
     ax.set_title("lr sweeps, every problem (one line each)", fontsize=9)

@@ -277,6 +277,16 @@ def profile(
     source = "given" if declare is not None else None
     if declare is None and getattr(make_optimizer, "declared", None) is not None:
         declare, source = make_optimizer.declared, "given"
+    if declare is None:  # inferred from the optimizer built on the first problem it accepts
+        for problem in plist:
+            try:
+                declare = infer_declared(build(make_optimizer, [problem.x0.clone()]))
+            except ConfigError as err:
+                if err.__cause__ is None:
+                    raise
+                continue
+            source = "inferred" if declare is not None else None
+            break
     if norm is None:
         norm = declare.norm if declare is not None and declare.kind == "lmo" else "l2"
     results, skipped = [], []
@@ -292,9 +302,6 @@ def profile(
                 raise
             skipped.append({"problem": problem.name, "reason": str(err)})  # e.g. Muon on a vector
             continue
-        if declare is None:
-            declare = infer_declared(probe)
-            source = "inferred" if declare is not None else None
         base_lr = float(probe.param_groups[0]["lr"])
         results.append(_profile_problem(make_optimizer, problem, modes, scales, ts, seeds, seed, norm, coupled,
                                         base_lr, progress))
