@@ -9,6 +9,10 @@ What is measured: for the T iterates ``x_0 .. x_{T-1}`` that precede the T updat
 iterates Theorem 1 averages over), the exact dual norm ``||grad f(x_t)||_*`` of the true
 gradient in each requested norm, and ``f(x_t)``. With a delay, T updates take T + tau calls
 (Delayed's fill), so the first tau calls leave x_0 in place and are not counted twice.
+
+:func:`run` steps the registry's methods on one batched tensor ``(S, *shape)``;
+:func:`run_optimizer` steps any torch optimizer on S tensors of shape ``shape``; both go through
+one loop (``_drive``). A seed that blows up (:data:`DIVERGED`) is measured as inf from then on.
 """
 
 from __future__ import annotations

@@ -220,3 +220,22 @@ def test_load_optimizer():
                         ("torch.optim", "package.module:factory"), ("math:pi", "not a callable")):
         with pytest.raises(ConfigError, match=match):
             load_optimizer(spec)
+
+
+def test_quadratic_constants():
+    """grad by autograd; L = sup ||H v||_* / ||v|| with H = lambda I, attained at the witness."""
+    from delaylab.optim import dual_norm, primal_norm
+
+    q = Quadratic(m=5, n=3, curvature=2.5)
+    x = torch.randn(4, 5, 3, dtype=torch.float64, requires_grad=True)
+    (auto,) = torch.autograd.grad(q.value(x).sum(), x)
+    torch.testing.assert_close(q.grad(x.detach()), auto)
+    assert float(q.x0.norm()) == pytest.approx(1.0) and q.delta() == pytest.approx(1.25)
+    v = torch.randn(256, 5, 3, dtype=torch.float64)
+    for norm in q.norms:
+        ratio = dual_norm(q.curvature * v, norm, batch_dims=1) / primal_norm(v, norm, batch_dims=1)
+        assert float(ratio.max()) <= q.smoothness(norm) * (1 + 1e-12)
+        _, w = q.smoothness_witness(norm)
+        w = w.unsqueeze(0)
+        attained = dual_norm(q.curvature * w, norm, batch_dims=1) / primal_norm(w, norm, batch_dims=1)
+        assert float(attained) == pytest.approx(q.smoothness(norm), rel=1e-12)
