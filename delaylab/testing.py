@@ -81,7 +81,9 @@ def assert_delay_robust(
                 rows.append((p["problem"], m["mode"], label, _ci(c), f"<= {max_cost:g}", c["mean"] <= max_cost))
     for s in result["skipped"]:
         rows.append((s["problem"], "-", "runs", "skipped: " + s["reason"], "runs", allow_skipped))
-    if min_stability_ratio is not None:
+    if min_stability_ratio is not None and result["stability"] is None:
+        rows.append(("quadratic", "-", "runs", "skipped: " + result["stability_skipped"], "runs", False))
+    elif min_stability_ratio is not None:
         for m in result["stability"]["modes"]:
             if m["delay"]:
                 r = m["measured_ratio"]

@@ -320,7 +320,12 @@ def profile(
     }
     if stability_check:
         coupled = any(r["seeds_coupled"] for r in results)
-        out["stability"] = stability_profile(make_optimizer, modes, declare, coupled, progress=progress)
+        try:
+            out["stability"] = stability_profile(make_optimizer, modes, declare, coupled, progress=progress)
+        except ConfigError as err:  # an optimizer that takes no matrices
+            if err.__cause__ is None:
+                raise
+            out["stability"], out["stability_skipped"] = None, str(err)
     if bound_check and declare is not None and declare.kind == "lmo":
         out["bound_check"] = _bound_checks(make_optimizer, plist, modes, declare, bound_steps or (ts[0], ts[-1]),
                                            seeds, seed, progress)

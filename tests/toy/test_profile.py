@@ -239,3 +239,16 @@ def test_quadratic_constants():
         w = w.unsqueeze(0)
         attained = dual_norm(q.curvature * w, norm, batch_dims=1) / primal_norm(w, norm, batch_dims=1)
         assert float(attained) == pytest.approx(q.smoothness(norm), rel=1e-12)
+
+
+def test_an_optimizer_for_vectors_only_skips_the_stability_probe():
+    class VectorSGD(torch.optim.SGD):
+        def __init__(self, params, lr):
+            params = list(params)
+            if any(p.ndim != 1 for p in params):
+                raise ValueError("vectors only")
+            super().__init__(params, lr=lr)
+
+    r = profile(lambda ps: VectorSGD(ps, lr=0.05), problems=["cauchy"], delays=(1,), ef=False, lr_scales=(1.0,),
+                steps=(10,), seeds=2)
+    assert r["stability"] is None and "vectors only" in r["stability_skipped"]
