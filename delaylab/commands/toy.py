@@ -5,7 +5,9 @@
                against the bound, the log-log slope against the bound's exponent, ``holds``;
                ``--suite`` runs it for every problem x LMO method x {sync, tau=1, tau=1+EF};
 * ``compare``  sync vs delayed vs delayed+EF, one row per method (the toy demo);
-* ``cost``     the delay's cost at fixed (eta, beta): gap vs eta and vs beta, measured and predicted.
+* ``cost``     the delay's cost at fixed (eta, beta): gap vs eta and vs beta, measured and predicted;
+* ``profile``  any torch optimizer (``--optimizer package.module:factory``) under delays 0, 1, 2 with
+               and without EF: delay cost, rate slope, stable lr on a quadratic, bound check.
 
 torch, sympy and scipy are imported inside the command functions so ``delaylab --help`` is fast.
 """
@@ -235,8 +237,10 @@ def cmd_rates(args) -> int:
     from delaylab.toy.rates import rate_check
 
     rec = _Recorder(len(steps), args.out, "rates", _config(args))
+    if args.beta is not None and not 0 <= args.beta < 1:
+        raise UsageError(f"--beta must be in [0, 1), got {args.beta}")
     result = rate_check(problem, method[0], steps=steps, delay=delay, correction=args.correction,
-                        seeds=args.seeds, seed=args.seed, tolerance=args.tolerance, progress=rec)
+                        seeds=args.seeds, seed=args.seed, tolerance=args.tolerance, beta=args.beta, progress=rec)
     if args.plot:
         result["figures"] = [str(save(plot_rates([result]), Path(args.plot) / "toy_rate.png"))]
     rec.finish(result)
@@ -454,6 +458,98 @@ def cmd_cost(args) -> int:
     return 0
 
 
+# -- profile ---------------------------------------------------------------------------------------
+
+
+def _render_profile(r: dict) -> str:
+    dec = r["declared"]
+    dec_text = "not declared" if dec is None else (
+        f"{dec['kind']}" + (f" in {dec['norm']}" if dec["norm"] else "") + f", beta={dec['beta']:g} "
+        f"({r['declared_source']})")
+    lines = [f"profile: {r['optimizer']} ({dec_text}); metric: {r['metric']}, {r['seeds']} seeds, "
+             f"lr grid x{', '.join(f'{s:g}' for s in r['lr_scales'])}",
+             "cost = delayed / sync per seed (paired noise), mean [95% CI]; * = best lr at the edge of the grid",
+             f"{'problem':18s} {'mode':9s} {'best lr':>9} {'best metric [CI]':>26} {'cost at best lr':>22} "
+             f"{'cost at sync lr':>22} {'slope':>6}"]
+
+    def ci(c):
+        if c is None:
+            return "-"
+        return f"{c['mean']:.4g} [{c['ci'][0]:.3g}, {c['ci'][1]:.3g}]" if c["mean"] < float("inf") else "diverged"
+
+    for p in r["problems"]:
+        for m in p["modes"]:
+            lr = f"{m['best_lr']:.3g}{'*' if m['best_at_edge'] else ''}"
+            lines.append(f"{p['problem']:18s} {m['mode']:9s} {lr:>9} {ci(m['best']):>26} "
+                         f"{ci(m.get('cost_best')):>22} {ci(m.get('cost_at_sync_lr')):>22} "
+                         f"{_fmt(m['rate']['slope'], '.3f'):>6}")
+        if p["seeds_coupled"]:
+            lines.append(f"  ({p['problem']}: the optimizer couples its parameters; one optimizer per seed)")
+    for s in r["skipped"]:
+        lines.append(f"{s['problem']:18s} skipped: {s['reason']}")
+    st = r.get("stability")
+    if st:
+        lines.append(f"largest stable lr on the quadratic {'x'.join(map(str, st['shape']))} "
+                     f"(lambda={st['curvature']:g}, {st['steps']} steps, bisection to {100 * st['rtol']:g}%):")
+        lines.append(f"  {'mode':9s} {'measured':>10} {'predicted':>10} {'measured/sync':>14} {'predicted/sync':>15}")
+        for m in st["modes"]:
+            lines.append(f"  {m['mode']:9s} {m['measured_lr']:>10.4g} {_fmt(m['predicted_lr'], '.4g'):>10} "
+                         f"{_fmt(m['measured_ratio'], '.3g'):>14} {_fmt(m['predicted_ratio'], '.3g'):>15}")
+    for b in r.get("bound_check", []):
+        worst = max(p["ratio"] for p in b["points"]) if b["bound_name"] else None
+        lines.append(f"bound check {b['problem']} {b['mode']}: {b['bound_name'] or 'no bound'}, measured/bound <= "
+                     f"{_fmt(worst, '.2f')}, slope {b['slope']:.3f}, holds: {_yes(b['holds'])}")
+    lines.append(f"({r['seconds']:.1f} s)")
+    return "\n".join(lines)
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{name} must be a comma-separated list of numbers, got {text!r}") from None
+    if not values or not all(v > 0 for v in values):
+        raise UsageError(f"{name} must be numbers > 0, got {text!r}")
+    return values
+
+
+def cmd_profile(args) -> int:
+    import json
+
+    from delaylab.toy.profile import Declared, expected_progress, load_optimizer, profile
+
+    try:
+        kwargs = json.loads(args.kwargs) if args.kwargs else {}
+    except json.JSONDecodeError as err:
+        raise UsageError(f"--kwargs is not JSON: {err}") from None
+    if not isinstance(kwargs, dict):
+        raise UsageError(f"--kwargs must be a JSON object, got {args.kwargs!r}")
+    factory = load_optimizer(args.optimizer, kwargs)
+    declare = Declared.parse(args.declare) if args.declare else None
+    problems = [t.strip() for t in args.problems.split(",") if t.strip()] if args.problems else None
+    delays = _int_list(args.delays, "--delays", 0)
+    steps = _int_list(args.T, "--T", 1)
+    scales = _floats(args.lr_scales, "--lr-scales")
+    _check_int(args.seeds, "--seeds", 1)
+    from delaylab.toy.problems import PROBLEMS
+
+    n = len(problems or PROBLEMS)
+    total = expected_progress(n, delays, not args.no_ef, len(scales), not args.no_stability, False)
+    rec = _Recorder(total, args.out, "profile", _config(args))
+    result = profile(factory, problems=problems, delays=delays, ef=not args.no_ef, lr_scales=scales, steps=steps,
+                     seeds=args.seeds, seed=args.seed, norm=args.norm, declare=declare,
+                     stability_check=not args.no_stability, bound_check=not args.no_bound_check,
+                     bound_steps=_int_list(args.bound_T, "--bound-T", 1) if args.bound_T else None,
+                     name=args.optimizer, progress=rec)
+    if args.plot:
+        from delaylab.toy.plots import plot_profile, save
+
+        result["figures"] = [str(save(plot_profile(result), Path(args.plot) / "toy_profile.png"))]
+    rec.finish(result)
+    emit(result, args.json, _render_profile)
+    return 0
+
+
 # -- the parser ------------------------------------------------------------------------------------
 
 
@@ -497,6 +593,8 @@ def register(sub) -> None:
     q.add_argument("--correction", default="none", choices=["none", "ef", "dc-asgd"], help="delay correction")
     q.add_argument("--T", default="100,400,1600,6400", help="grid of horizons (100,400,1600,6400)")
     q.add_argument("--tolerance", type=float, default=0.1, help="allowed slope excess over the exponent (0.1)")
+    q.add_argument("--beta", type=float, default=None,
+                   help="fix the momentum (theory then tunes eta alone); default: tuned with eta")
     q.add_argument("--suite", action="store_true",
                    help="every problem (or --problem) x LMO method (or --method list) x {sync, tau=1, tau=1+EF}")
     q.add_argument("--markdown", default=None, metavar="FILE", help="with --suite: write the ratio/slope table")
@@ -524,3 +622,29 @@ def register(sub) -> None:
     q.add_argument("--beta-sweep-eta", default="tuned", choices=["tuned", "fixed"],
                    help="beta sweep: eta tuned per beta (default) or fixed at its value for --beta")
     q.set_defaults(func=cmd_cost)
+
+    q = toy.add_parser("profile", help="any torch optimizer under delays: cost, rate, stability, bound check",
+                       description="Profile a torch optimizer factory (make_optimizer(params, **kwargs)) on the "
+                       "toy problems under delays, with and without EF; see docs/toy.md#profile.")
+    q.add_argument("--optimizer", required=True, metavar="PKG.MOD:FACTORY",
+                   help="a factory or optimizer class (torch.optim:AdamW), or a registry method (lmo-spectral, ...)")
+    q.add_argument("--kwargs", default=None, metavar="JSON", help='keyword arguments for it, e.g. \'{"lr": 0.01}\'')
+    q.add_argument("--declare", default=None, metavar="KIND:..",
+                   help="the optimizer's type for the predictions: heavyball:B, ema:B, adam:B1 or lmo:NORM:B "
+                   "(default: inferred for torch SGD/Adam/AdamW and LMOMomentum)")
+    q.add_argument("--problems", default=None, help="comma-separated problems (default: the whole suite)")
+    q.add_argument("--delays", default="0,1,2", help="delays (0,1,2); sync always runs")
+    q.add_argument("--no-ef", action="store_true", help="skip the EF runs")
+    q.add_argument("--lr-scales", default="0.25,0.5,1,2,4", help="lr grid as multiples of the factory's lr")
+    q.add_argument("--T", default="25,50,100,200", help="horizons; the longest is run, the rest are its prefixes")
+    q.add_argument("--seeds", type=int, default=8, help="independent runs (8)")
+    q.add_argument("--seed", type=int, default=0, help="noise seed, shared by every mode (0)")
+    q.add_argument("--norm", default=None, help="dual norm of the metric (declared LMO norm, else l2)")
+    q.add_argument("--no-stability", action="store_true", help="skip the stable-lr bisection on the quadratic")
+    q.add_argument("--no-bound-check", action="store_true", help="skip the bound check of a declared LMO method")
+    q.add_argument("--bound-T", default=None, help="horizons of the bound check (the first and last of --T)")
+    q.add_argument("--out", default=None, metavar="DIR",
+                   help="write config.json, metrics.jsonl (as results arrive) and summary.json")
+    q.add_argument("--plot", default=None, metavar="DIR", help="write toy_profile.png to DIR")
+    add_json_flag(q)
+    q.set_defaults(func=cmd_profile)

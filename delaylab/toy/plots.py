@@ -114,6 +114,77 @@ def plot_rates_grid(results: list[dict], ncols: int = 3):
     return fig
 
 
+def plot_profile(result: dict):
+    """One page for :func:`delaylab.toy.profile.profile`: the delay cost per problem (each mode at
+    its best lr, and at the sync-best lr), the lr sweeps (every problem) and the
+    largest stable lr on the quadratic, measured (bars) and predicted (markers)."""
+    import math
+
+    fig = Figure(figsize=(12.0, 7.5), layout="constrained")
+    axes = fig.subplots(2, 2)
+    probs = result["problems"]
+    delayed = [m["mode"] for m in probs[0]["modes"] if m["delay"]]
+    width = 0.8 / max(len(delayed), 1)
+    for ax, key, title in ((axes[0, 0], "cost_best", "delay cost, each mode at its best lr"),
+                           (axes[0, 1], "cost_at_sync_lr", "delay cost at the sync-best lr")):
+        top = 1.0
+        for i, mode in enumerate(delayed):
+            xs, ys, errs, div = [], [], [[], []], []
+            for j, p in enumerate(probs):
+                c = next(m for m in p["modes"] if m["mode"] == mode)[key]
+                x = j + (i - (len(delayed) - 1) / 2) * width
+                if math.isinf(c["mean"]):
+                    div.append(x)
+                    continue
+                xs.append(x)
+                ys.append(c["mean"])
+                errs[0].append(c["mean"] - c["ci"][0])
+                errs[1].append(c["ci"][1] - c["mean"])
+                top = max(top, c["ci"][1])
+            bars = ax.bar(xs, ys, width, yerr=errs, capsize=2, label=mode)
+            for x in div:  # a diverged mode: a marker at the top, not an infinite bar
+                ax.plot(x, top * 1.05, marker="^", color=bars.patches[0].get_facecolor() if bars.patches else "k")
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_xticks(range(len(probs)), [p["problem"] for p in probs], fontsize=7)
+        ax.set_ylabel("delayed / sync metric")
+        ax.set_title(title + " (^ diverged)", fontsize=9)
+        ax.legend(fontsize=7)
+    ax = axes[1, 0]
+    for k, mode in enumerate(m["mode"] for m in probs[0]["modes"]):
+        for j, p in enumerate(probs):
+            row = next(m for m in p["modes"] if m["mode"] == mode)
+            sync_best = p["modes"][0]["best"]["mean"]
+            ys = [v / sync_best for v in row["values"]]
+            ax.plot(row["lrs"], ys, color=f"C{k}", alpha=0.8, marker=".", label=mode if j == 0 else None)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("lr")
+    ax.set_ylabel(f"metric at T={result['steps'][-1]} / sync best")
+    ax.set_title("lr sweeps, every problem (one line each)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    stab = result.get("stability")
+    if stab:
+        modes = [r["mode"] for r in stab["modes"]]
+        finite = [r["measured_lr"] for r in stab["modes"] if 0 < r["measured_lr"] < math.inf]
+        cap = 10 * max(finite) if finite else 1.0
+        ax.bar(modes, [min(r["measured_lr"], cap) for r in stab["modes"]], color="C0", label="measured")
+        pred = [(m, r["predicted_lr"]) for m, r in zip(modes, stab["modes"]) if r["predicted_lr"] is not None]
+        if pred:
+            ax.plot([m for m, _ in pred], [min(v, cap) for _, v in pred], "rD", label="predicted")
+        ax.set_yscale("log")
+        ax.set_ylabel("largest stable lr (capped: none found)")
+        ax.set_title(f"quadratic {'x'.join(map(str, stab['shape']))}, lambda={stab['curvature']:g}", fontsize=9)
+        ax.legend(fontsize=7)
+    else:
+        ax.axis("off")
+    fig.suptitle(f"{result['optimizer']}: {result['metric']}, {result['seeds']} seeds", fontsize=10)
+    return fig
+
+
 def save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

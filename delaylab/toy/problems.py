@@ -516,6 +516,49 @@ class MatrixSensing(_FiniteSumCauchy):
         return self._l2_witness() if norm == "l2" else None
 
 
+class Quadratic(Problem):
+    r"""``f(X) = (lambda/2) ||X||_F^2`` on m x n matrices: the curvature is known exactly.
+
+    The probe of linear stability (:mod:`delaylab.theory.stability`): near a minimum every
+    linear-in-gradient method is a linear recursion in ``eta * lambda``, so the largest stable
+    lr of such a method is ``max_stable(...) / lambda``. A matrix, so that optimizers for 2-D
+    parameters (Muon) run on it. H = lambda Id everywhere, hence L = lambda (l2),
+    lambda min(m, n) (spectral: ``||V||_nuc <= r ||V||_op``, equality for a partial isometry)
+    and lambda mn (sign: ``||V||_1 <= mn ||V||_max``, equality for all ones). ``inf f = 0`` at 0.
+    Start: a fixed Gaussian matrix scaled to ``||X0||_F = 1``. Noise-free by default. It is
+    not in :data:`PROBLEMS` (the rate suite): it has no nonconvex structure to speak of.
+    """
+
+    name = "quadratic"
+    summary = "(lambda/2)||X||_F^2 on m x n matrices; the linear-stability probe"
+    norms = ("spectral", "sign", "l2")
+
+    def __init__(self, m: int = 6, n: int = 4, curvature: float = 1.0, sigma: float = 0.0,
+                 instance_seed: int = 0):
+        if not curvature > 0:
+            raise ValueError(f"curvature must be > 0, got {curvature}")
+        self.shape = (m, n)
+        self.curvature, self.sigma = float(curvature), float(sigma)
+        g = torch.randn(self.shape, generator=_generator(instance_seed), dtype=DTYPE)
+        self.x0 = g / g.norm()
+
+    def value(self, x):
+        return 0.5 * self.curvature * x.flatten(1).pow(2).sum(dim=1)
+
+    def grad(self, x):
+        return self.curvature * x
+
+    def smoothness(self, norm):
+        self.check_norm(norm)
+        m, n = self.shape
+        return self.curvature * {"l2": 1, "spectral": min(m, n), "sign": m * n}[norm]
+
+    def smoothness_witness(self, norm):
+        self.check_norm(norm)
+        v = {"l2": _first_unit, "sign": _ones_unit}.get(norm, lambda s: torch.eye(*s, dtype=DTYPE))(self.shape)
+        return torch.zeros(self.shape, dtype=DTYPE), v
+
+
 PROBLEMS: dict[str, Callable[..., Problem]] = {
     cls.name: cls for cls in (LogDet, MatrixSensing, SeparableCauchy, SmoothRastrigin, CauchyRegression)
 }

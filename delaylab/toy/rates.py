@@ -38,7 +38,7 @@ import torch
 
 from delaylab.theory import evaluate, lmo_bound, sgdm_bound, tune
 from delaylab.toy.problems import Problem
-from delaylab.toy.runs import METHODS, Trajectory, get_method, run, sgdm_lr
+from delaylab.toy.runs import METHODS, OptimizerFactory, Trajectory, get_method, run, run_optimizer, sgdm_lr
 
 DEFAULT_TS = (100, 400, 1600, 6400)
 SLOPE_TOLERANCE = 0.1
@@ -74,12 +74,20 @@ class Setting:
     """A (problem, method, delay, correction) with the theory that applies to it.
 
     ``constants`` are the problem's, in the method's norm, updated by ``overrides`` (e.g.
-    ``{"L": L / 100}`` to plant a wrong constant and see the check fail).
+    ``{"L": L / 100}`` to plant a wrong constant and see the check fail). ``make_optimizer``
+    runs a user's optimizer in place of the registry's (one tensor per seed, through
+    :func:`~delaylab.toy.runs.run_optimizer`, with every group's lr set to the tuned eta): an
+    optimizer that declares itself the LMO method ``method`` in its norm is held to that
+    method's bound.
     """
 
     def __init__(self, problem: Problem, method: str, delay: int | Sequence[int] = 0,
-                 correction: str = "none", overrides: dict | None = None):
+                 correction: str = "none", overrides: dict | None = None,
+                 make_optimizer: OptimizerFactory | None = None):
         self.problem, self.method = problem, get_method(method)
+        self.make_optimizer = make_optimizer
+        if make_optimizer is not None and (self.method.norm is None or not isinstance(delay, int)):
+            raise ValueError("a user optimizer is checked against an LMO method's bound, with one delay")
         self.delay, self.correction = delay, correction
         self.tau = _max_delay(delay)
         self.blocks = 1 if isinstance(delay, int) else len(delay)
@@ -111,6 +119,10 @@ class Setting:
         return sgdm_lr(eta, beta) if self.method.name == "sgdm" else eta
 
     def run(self, eta: float, beta: float, steps: int, seeds: int, seed: int) -> Trajectory:
+        if self.make_optimizer is not None:
+            return run_optimizer(self.problem, self.make_optimizer, lr=eta, steps=steps, seeds=seeds, seed=seed,
+                                 delay=self.delay, correction=self.correction, norms=(self.measure_norm,),
+                                 direction_norm=self.method.norm if self.correction == "ef" else None)
         return run(self.problem, self.method.name, lr=self.torch_lr(eta, beta), beta=beta, steps=steps,
                    seeds=seeds, seed=seed, delay=self.delay, correction=self.correction,
                    norms=(self.measure_norm,))
@@ -149,9 +161,15 @@ def rate_check(
     seed: int = 0,
     tolerance: float = SLOPE_TOLERANCE,
     overrides: dict | None = None,
+    beta: float | None = None,
+    make_optimizer: OptimizerFactory | None = None,
     progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """Run the rate check (module docstring) and return its JSON-ready result.
+
+    ``beta`` fixes the momentum (theory then tunes eta alone); by default the tuning picks
+    both. ``make_optimizer`` (with ``beta``: its own momentum) runs a user's optimizer that
+    declares itself the LMO ``method``, as :class:`Setting` says.
 
     Keys: ``holds`` (every bound check and the slope check pass; None when no bound applies),
     ``slope`` (fitted), ``exponent`` (the bound's, for the gradient norm), ``tolerance``,
@@ -165,12 +183,14 @@ def rate_check(
         raise ValueError(f"every T must be >= 1, got {steps}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    setting = Setting(problem, method, delay, correction, overrides)
+    if make_optimizer is not None and beta is None:
+        raise ValueError("a user optimizer keeps its own momentum: pass it as beta")
+    setting = Setting(problem, method, delay, correction, overrides, make_optimizer)
     ef = correction == "ef"
     points, exponent = [], None
     for i, t in enumerate(steps):
         # EF has no tuning of its own (delta_bar is measured): it runs at the delayed tuning.
-        tuned = setting.tuned(t)
+        tuned = setting.tuned(t, beta=beta)
         exponent = tuned.exponent_norm
         traj = setting.run(tuned.eta, tuned.beta, t, seeds, seed + i)
         mean, lo, hi = interval(setting.measured(traj))
@@ -200,6 +220,7 @@ def rate_check(
         "method": method,
         "delay": delay,
         "correction": correction,
+        "beta": beta,
         "norm": setting.measure_norm,
         "metric": ("rms ||grad f||_2 at the gradient points" if setting.method.name == "sgdm"
                    else f"mean ||grad f||_* ({setting.measure_norm} dual)"

@@ -110,3 +110,64 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     rc, out, err = run_cli(capsys, "toy", *argv)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and needle in err, err
+
+
+# -- toy profile --------------------------------------------------------------------------------
+
+PROFILE_FAST = ["--problems", "cauchy", "--delays", "1", "--no-ef", "--lr-scales", "1", "--seeds", "4",
+                "--no-stability"]
+
+
+def test_profile_registry_method_gives_toy_rates_numbers(capsys):
+    """`toy profile --optimizer lmo-sign` runs the bound check through rate_check on a per-seed
+    optimizer; `toy rates --beta` runs the batched registry method: the same floats."""
+    rc, out, _ = run_cli(capsys, "toy", "profile", "--optimizer", "lmo-sign", "--kwargs", '{"lr": 1, "beta": 0.9}',
+                         *PROFILE_FAST, "--T", "40,160", "--json")
+    assert rc == 0 and out.count("\n") == 1
+    prof = json.loads(out)
+    checks = {c["mode"]: c for c in prof["bound_check"]}
+    for mode, extra in (("sync", []), ("tau=1", ["--delay", "1"])):
+        rc, out, _ = run_cli(capsys, "toy", "rates", "--method", "lmo-sign", "--beta", "0.9", "--problem", "cauchy",
+                             "--T", "40,160", "--seeds", "4", *extra, "--json")
+        rates = json.loads(out)
+        assert rc == 0 and rates["points"] == checks[mode]["points"] and rates["holds"] == checks[mode]["holds"]
+        assert all(p["beta"] == 0.9 for p in rates["points"])
+
+
+def test_profile_text_json_files_and_figure(capsys, tmp_path):
+    argv = ["toy", "profile", "--optimizer", "torch.optim:SGD", "--kwargs", '{"lr": 0.05, "momentum": 0.9}',
+            "--problems", "logdet", "--delays", "1", "--lr-scales", "0.5,1", "--T", "20,40", "--seeds", "2"]
+    rc, out, _ = run_cli(capsys, *argv, "--out", str(tmp_path / "o"), "--plot", str(tmp_path))
+    assert rc == 0 and "profile: torch.optim:SGD (heavyball, beta=0.9 (inferred))" in out
+    assert "largest stable lr on the quadratic" in out and out.count("\nlogdet") == 3  # sync, tau=1, tau=1+EF
+    assert (tmp_path / "toy_profile.png").stat().st_size > 10_000
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    # 3 modes x 2 lrs, then 3 stability modes: one metrics line per progress call
+    assert len((tmp_path / "o" / "metrics.jsonl").read_text().splitlines()) == 9
+    assert summary["stability"]["modes"][1]["predicted_lr"] == pytest.approx(0.1)  # (1 - beta) / lambda
+    rc, out, _ = run_cli(capsys, *argv, "--no-stability", "--json")
+    assert rc == 0 and out.count("\n") == 1 and "stability" not in json.loads(out)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--optimizer", "no_such_pkg.mod:make"], "cannot import 'no_such_pkg.mod'"),
+        (["--optimizer", "torch.optim:NoSuchThing"], "has no attribute 'NoSuchThing'"),
+        (["--optimizer", "torch.optim.AdamW"], "package.module:factory"),
+        (["--optimizer", "builtins:len"], "returned int, not a torch.optim.Optimizer"),
+        (["--optimizer", "torch.optim:AdamW", "--kwargs", "{lr: 1}"], "--kwargs is not JSON"),
+        (["--optimizer", "torch.optim:AdamW", "--kwargs", "[1]"], "must be a JSON object"),
+        (["--optimizer", "torch.optim:AdamW", "--kwargs", '{"nope": 1}'], "failed on parameters"),
+        (["--optimizer", "torch.optim:AdamW", "--declare", "lmo:0.9"], "needs a norm"),
+        (["--optimizer", "torch.optim:AdamW", "--declare", "adam"], "cannot read the declaration"),
+        (["--optimizer", "torch.optim:AdamW", "--delays", "0"], "delay >= 1"),
+        (["--optimizer", "torch.optim:AdamW", "--problems", "nope"], "unknown problem"),
+        (["--optimizer", "torch.optim:AdamW", "--lr-scales", "0,1"], "--lr-scales must be numbers > 0"),
+    ],
+)
+def test_profile_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    base = ["--problems", "cauchy", "--seeds", "1", "--T", "2", "--lr-scales", "1", "--no-stability"]
+    rc, out, err = run_cli(capsys, "toy", "profile", *base, *argv)  # the case's flags come last and win
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
