@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from delaylab.errors import ConfigError
 from delaylab.toy.profile import profile
 from delaylab.toy.runs import OptimizerFactory
 
@@ -62,11 +63,11 @@ def assert_delay_robust(
     """
     bad_at = [a for a in at if a not in CHECKS]
     if bad_at or not at:
-        raise ValueError(f"at must name checks among {', '.join(CHECKS)}, got {list(at)}")
+        raise ConfigError(f"at must name checks among {', '.join(CHECKS)}, got {list(at)}")
     if not corrections or any(c not in ("none", "ef") for c in corrections):
-        raise ValueError(f"corrections must be among 'none' and 'ef', got {list(corrections)}")
+        raise ConfigError(f"corrections must be among 'none' and 'ef', got {list(corrections)}")
     if not max_cost > 0:
-        raise ValueError(f"max_cost must be > 0, got {max_cost}")
+        raise ConfigError(f"max_cost must be > 0, got {max_cost}")
     result = profile(make_optimizer, problems=problems, delays=(0, *delays), ef="ef" in corrections, lr_scales=lr_scales,
                      steps=steps, seeds=seeds, seed=seed, stability_check=min_stability_ratio is not None,
                      bound_check=False, **profile_kwargs)

@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from delaylab.errors import ConfigError
 from delaylab.theory.assumptions import rho as norm_ratio
 
 DTYPE = torch.float64
@@ -99,13 +100,13 @@ class Problem:
     def initial_point(self, seeds: int) -> torch.Tensor:
         """``seeds`` copies of x0, shape ``(seeds, *shape)``: the runs differ in their noise."""
         if seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {seeds}")
+            raise ConfigError(f"seeds must be >= 1, got {seeds}")
         return self.x0.expand(seeds, *self.shape).clone()
 
     # -- constants -----------------------------------------------------------------------
     def check_norm(self, norm: str) -> None:
         if norm not in self.norms:
-            raise ValueError(
+            raise ConfigError(
                 f"problem {self.name!r} has no known constant for norm {norm!r}; "
                 f"it supports {', '.join(self.norms)}"
             )
@@ -357,9 +358,9 @@ class _FiniteSumCauchy(Problem):
 
     def _setup(self, data, x_star, distance: float, batch: int | None, sigma: float):
         if batch is not None and batch < 1:
-            raise ValueError(f"batch must be >= 1 (or None for Gaussian noise), got {batch}")
+            raise ConfigError(f"batch must be >= 1 (or None for Gaussian noise), got {batch}")
         if not distance > 0:
-            raise ValueError(f"distance must be > 0, got {distance}")
+            raise ConfigError(f"distance must be > 0, got {distance}")
         self.data = data  # (N, *shape)
         self.flat = data.reshape(data.shape[0], -1)  # (N, D)
         self.x_star = x_star * (distance / float(x_star.norm()))
@@ -432,7 +433,7 @@ class CauchyRegression(_FiniteSumCauchy):
         instance_seed: int = 0,
     ):
         if not 1 <= d <= 20:
-            raise ValueError(f"cauchy-regression needs 1 <= d <= 20 (brute-force l_inf constant), got {d}")
+            raise ConfigError(f"cauchy-regression needs 1 <= d <= 20 (brute-force l_inf constant), got {d}")
         self.shape = (d,)
         gen = _generator(instance_seed)
         data = torch.randn(samples, d, generator=gen, dtype=DTYPE)
@@ -495,7 +496,7 @@ class MatrixSensing(_FiniteSumCauchy):
         instance_seed: int = 0,
     ):
         if not 1 <= rank <= min(m, n):
-            raise ValueError(f"rank must be in [1, min(m, n)] = [1, {min(m, n)}], got {rank}")
+            raise ConfigError(f"rank must be in [1, min(m, n)] = [1, {min(m, n)}], got {rank}")
         self.shape = (m, n)
         gen = _generator(instance_seed)
         data = torch.randn(samples, m, n, generator=gen, dtype=DTYPE)
@@ -536,7 +537,7 @@ class Quadratic(Problem):
     def __init__(self, m: int = 6, n: int = 4, curvature: float = 1.0, sigma: float = 0.0,
                  instance_seed: int = 0):
         if not curvature > 0:
-            raise ValueError(f"curvature must be > 0, got {curvature}")
+            raise ConfigError(f"curvature must be > 0, got {curvature}")
         self.shape = (m, n)
         self.curvature, self.sigma = float(curvature), float(sigma)
         g = torch.randn(self.shape, generator=_generator(instance_seed), dtype=DTYPE)
@@ -572,5 +573,5 @@ def make_problem(name: str, **kwargs) -> Problem:
     try:
         cls = PROBLEMS[name]
     except KeyError:
-        raise ValueError(f"unknown problem {name!r}; expected one of {', '.join(PROBLEMS)}") from None
+        raise ConfigError(f"unknown problem {name!r}; expected one of {', '.join(PROBLEMS)}") from None
     return cls(**kwargs)

@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from delaylab.errors import ConfigError
 from delaylab.theory import evaluate, lmo_bound, sgdm_bound, tune
 from delaylab.toy.problems import Problem
 from delaylab.toy.runs import METHODS, OptimizerFactory, Trajectory, get_method, run, run_optimizer, sgdm_lr
@@ -87,7 +88,7 @@ class Setting:
         self.problem, self.method = problem, get_method(method)
         self.make_optimizer = make_optimizer
         if make_optimizer is not None and (self.method.norm is None or not isinstance(delay, int)):
-            raise ValueError("a user optimizer is checked against an LMO method's bound, with one delay")
+            raise ConfigError("a user optimizer is checked against an LMO method's bound, with one delay")
         self.delay, self.correction = delay, correction
         self.tau = _max_delay(delay)
         self.blocks = 1 if isinstance(delay, int) else len(delay)
@@ -180,11 +181,11 @@ def rate_check(
     start = time.perf_counter()
     steps = sorted({int(t) for t in steps})
     if not steps or steps[0] < 1:
-        raise ValueError(f"every T must be >= 1, got {steps}")
+        raise ConfigError(f"every T must be >= 1, got {steps}")
     if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+        raise ConfigError(f"seeds must be >= 1, got {seeds}")
     if make_optimizer is not None and beta is None:
-        raise ValueError("a user optimizer keeps its own momentum: pass it as beta")
+        raise ConfigError("a user optimizer keeps its own momentum: pass it as beta")
     setting = Setting(problem, method, delay, correction, overrides, make_optimizer)
     ef = correction == "ef"
     points, exponent = [], None
@@ -303,13 +304,13 @@ def delay_cost(
     """
     start = time.perf_counter()
     if steps < 1:
-        raise ValueError(f"T must be >= 1, got {steps}")
+        raise ConfigError(f"T must be >= 1, got {steps}")
     if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+        raise ConfigError(f"seeds must be >= 1, got {seeds}")
     if delay < 1:
-        raise ValueError(f"delay must be >= 1 for a delay cost, got {delay}")
+        raise ConfigError(f"delay must be >= 1 for a delay cost, got {delay}")
     if beta_sweep_eta not in ("tuned", "fixed"):
-        raise ValueError(f"beta_sweep_eta must be 'tuned' or 'fixed', got {beta_sweep_eta!r}")
+        raise ConfigError(f"beta_sweep_eta must be 'tuned' or 'fixed', got {beta_sweep_eta!r}")
     sync, delayed = Setting(problem, method, 0), Setting(problem, method, delay)
     norm = sync.measure_norm
     eta0 = sync.tuned(steps, beta=beta).eta
@@ -378,16 +379,16 @@ def compare(
     """
     start = time.perf_counter()
     if steps < 1:
-        raise ValueError(f"T must be >= 1, got {steps}")
+        raise ConfigError(f"T must be >= 1, got {steps}")
     if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+        raise ConfigError(f"seeds must be >= 1, got {seeds}")
     if delay < 1:
-        raise ValueError(f"delay must be >= 1 for a comparison, got {delay}")
+        raise ConfigError(f"delay must be >= 1 for a comparison, got {delay}")
     if not eta_scale > 0:
-        raise ValueError(f"eta_scale must be > 0, got {eta_scale}")
+        raise ConfigError(f"eta_scale must be > 0, got {eta_scale}")
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ValueError(f"unknown mode {bad[0]!r}; expected one of {', '.join(MODES)}")
+        raise ConfigError(f"unknown mode {bad[0]!r}; expected one of {', '.join(MODES)}")
     norm = norm or problem.norms[0]
     problem.check_norm(norm)
     rows = []

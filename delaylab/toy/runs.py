@@ -64,7 +64,7 @@ def get_method(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHODS)}") from None
+        raise ConfigError(f"unknown method {name!r}; expected one of {', '.join(METHODS)}") from None
 
 
 @dataclass
@@ -98,7 +98,7 @@ class Trajectory:
         It sums every term of Assumption A5's mean (and one more), so it is an upper estimate.
         """
         if self.direction_change is None:
-            raise ValueError("direction drift is recorded for single-block LMO runs only")
+            raise ConfigError("direction drift is recorded for single-block LMO runs only")
         return self.direction_change.mean(dim=0)
 
 
@@ -115,19 +115,19 @@ def _inner(method: Method, params: list[torch.Tensor], lr: float, beta: float):
 
 def _check(problem: Problem, method: Method, lr, beta, steps, seeds, delays, norms) -> None:
     if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a finite number > 0, got {lr}")
+        raise ConfigError(f"lr must be a finite number > 0, got {lr}")
     if not 0.0 <= beta < 1.0:
-        raise ValueError(f"beta must be in [0, 1), got {beta}")
+        raise ConfigError(f"beta must be in [0, 1), got {beta}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps (T) must be an integer >= 1, got {steps!r}")
+        raise ConfigError(f"steps (T) must be an integer >= 1, got {steps!r}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+        raise ConfigError(f"seeds must be an integer >= 1, got {seeds!r}")
     if method.norm is not None:
         problem.check_norm(method.norm)
     for n in norms:
         problem.check_norm(n)
     if not delays or len(delays) > problem.shape[0]:
-        raise ValueError(f"need between 1 and {problem.shape[0]} delay blocks, got {len(delays)}")
+        raise ConfigError(f"need between 1 and {problem.shape[0]} delay blocks, got {len(delays)}")
 
 
 def run(

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import torch
 from torch.optim import Optimizer
+from delaylab.errors import ConfigError
 
 
 def retarget(optimizer: Optimizer, new_params: list[torch.Tensor]) -> None:
@@ -18,10 +19,10 @@ def retarget(optimizer: Optimizer, new_params: list[torch.Tensor]) -> None:
     """
     old = [p for g in optimizer.param_groups for p in g["params"]]
     if len(old) != len(new_params):
-        raise ValueError(f"optimizer has {len(old)} params, got {len(new_params)}")
+        raise ConfigError(f"optimizer has {len(old)} params, got {len(new_params)}")
     for a, b in zip(old, new_params):
         if a.shape != b.shape:
-            raise ValueError(f"shape mismatch in retarget: {tuple(a.shape)} vs {tuple(b.shape)}")
+            raise ConfigError(f"shape mismatch in retarget: {tuple(a.shape)} vs {tuple(b.shape)}")
     mapping = {id(a): b for a, b in zip(old, new_params)}
 
     def visit(opt: Optimizer) -> None:
