@@ -141,7 +141,7 @@ def test_2bw_rejects_too_few_microbatches_and_the_bound_is_tight(monkeypatch):
         (("zb", 2, 4), "unknown schedule"),
         (("2bw", 0, 4), "stages must be >= 1"),
         (("1f1b", 2, 0), "microbatches must be >= 1"),
-        (("pipedream", 2, 4), "grad_accum=1"),
+        (("pipedream", 2, 4), "microbatches=1"),
         (("gpipe", 5, 4, 4), "only 4 layers"),
     ],
 )

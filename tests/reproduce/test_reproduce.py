@@ -33,6 +33,14 @@ def _load(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def _config(folder) -> dict:
+    """A run's config.json as flat fields, with its sync/delayed label."""
+    from delaylab.llm.config import Config
+
+    cfg = Config.from_dict(_load(Path(folder) / "config.json"))
+    return {**cfg.flat(), "mode": cfg.mode}
+
+
 def _val(out: Path, folder: str):
     return _load(out / folder / "summary.json")["val_loss"]
 
@@ -78,15 +86,15 @@ def test_best_lr_and_gaps_recomputed_from_the_runs(made):
         # the best sync lr: the lowest mean final val loss over every sync run of this optimizer in DIR
         by_lr = {}
         for path in glob.glob(str(cells / f"{opt}_sync_*")):
-            cfg = _load(Path(path) / "config.json")
+            cfg = _config(Path(path))
             if cfg["momentum"] == row["momentum"]:
                 by_lr.setdefault(cfg["lr"], []).append(_load(Path(path) / "summary.json")["val_loss"])
         assert len(by_lr) == len(_load(out / "reproduce.json")["llm"]["lrs"][opt])
         assert row["lr"] == min(by_lr, key=lambda lr: np.mean(by_lr[lr]))
-        sync = {_load(out / f / "config.json")["seed"]: _val(out, f) for f in row["runs"]["sync"]}
-        delayed = {_load(out / f / "config.json")["seed"]: _val(out, f) for f in row["runs"]["delayed"]}
+        sync = {_config(out / f)["seed"]: _val(out, f) for f in row["runs"]["sync"]}
+        delayed = {_config(out / f)["seed"]: _val(out, f) for f in row["runs"]["delayed"]}
         for f in row["runs"]["delayed"]:
-            cfg = _load(out / f / "config.json")
+            cfg = _config(out / f)
             assert (cfg["optimizer"], cfg["mode"], cfg["lr"], cfg["correction"]) == (opt, "delayed", row["lr"], "none")
         assert _close(row["sync"]["mean"], np.mean(list(sync.values())))
         assert _close(row["delayed"]["std"], np.std(list(delayed.values()), ddof=1))
@@ -104,7 +112,7 @@ def test_mitigation_shares_recomputed(made):
         means = {}
         for mode, folders in row["runs"].items():
             for f in folders:
-                cfg = _load(out / f / "config.json")
+                cfg = _config(out / f)
                 assert (cfg["optimizer"], cfg["lr"]) == (row["optimizer"], row["lr"])
                 if mode == "sync-start":
                     assert cfg["sync_start"] > 0 and cfg["mode"] == "delayed"
@@ -125,13 +133,13 @@ def test_momentum_lr_and_schedule_rows_recomputed(made):
                 vals = [_val(out, f) for f in row["runs"][mode]]
                 assert _close(row[mode]["mean"], np.mean(vals))
                 for f in row["runs"][mode]:
-                    cfg = _load(out / f / "config.json")
+                    cfg = _config(out / f)
                     assert (cfg["lr"], cfg["momentum"], cfg["mode"]) == (row["lr"], row["momentum"], mode)
     rows = parts["schedules"]["rows"]
     for row in rows:
         (name, folders), = row["runs"].items()
         for f in folders:
-            delay = _load(out / f / "config.json")["delay"]
+            delay = _config(out / f)["delay"]
             assert (delay if isinstance(delay, list) else [delay if name != "sync" else 0]) == row["delays"]
         if "vs_2bw" in row:
             twobw = next(r for r in rows if r["schedule"] == "2bw" and r["optimizer"] == row["optimizer"])
@@ -155,7 +163,8 @@ def test_toy_numbers_recomputed(made):
 
 def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_path):
     from delaylab.llm.sweep import run_cell
-    from delaylab.llm.train import TrainConfig, train
+    from delaylab.llm.config import Config
+    from delaylab.llm.train import train
     from delaylab.reproduce import plan as P
     from delaylab.reproduce.presets import get_preset
 
@@ -167,7 +176,7 @@ def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_
     gone, stopped = grid[0], grid[-1]
     shutil.rmtree(copy / gone.folder)                      # never run
     shutil.rmtree(copy / stopped.folder)                   # killed half way: a checkpoint, no summary
-    cfg = stopped.cell.config(TrainConfig.from_dict(stopped.base))
+    cfg = stopped.cell.config(Config.from_dict(stopped.base))
     train(cfg, copy / stopped.folder, stop_at=cfg.steps // 2)
     assert not (copy / stopped.folder / "summary.json").exists()
     toy_run = P.toy(p)["cost"][0]
