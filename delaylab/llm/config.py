@@ -15,6 +15,7 @@ validates everything, once. The same flags then give the same run.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -97,6 +98,10 @@ class ParallelConfig:
                               "s), 1f1b or gpipe (flush every batch), torch-1f1b or torch-gpipe (torch's "
                               "runtime); default: from --delay (the pipeline: 2bw)", choices=PIPELINE_SCHEDULES)
     stages: int | None = _f(None, "pipeline stages P (default: the delay list's length, else 2 on a pipeline)")
+    dp: int | None = _f(None, "data-parallel replicas D: each takes 1/D of every microbatch (default: the "
+                        "torchrun world size / P, else 1)")
+    dp_shard: bool = _f(False, "shard weights and optimizer state over the D replicas with FSDP2 "
+                        "(fully_shard) instead of replicating them with DDP")
     timeout: float = _f(60.0, "pipeline: seconds a message may take before the run fails")
 
 
@@ -317,7 +322,7 @@ def _check_ranges(cfg: Config) -> None:
     for name in ("steps", "batch_size", "eval_batches", "log_every", "eval_every", "vocab_size"):
         if flat[name] < 1:
             raise ConfigError(f"{name} must be >= 1, got {flat[name]}")
-    for name in ("grad_accum", "stages", "n_layer", "block_size", "threads"):
+    for name in ("grad_accum", "stages", "n_layer", "block_size", "threads", "dp"):
         if flat[name] is not None and flat[name] < 1:
             raise ConfigError(f"{name} must be >= 1, got {flat[name]}")
     for name in ("seed", "sync_start", "sync_cooldown", "ckpt_every"):
@@ -389,6 +394,12 @@ def _resolve_parallel(cfg: Config, engine: str) -> None:
         dl.delay = 0 if given is None else given
         par.stages = len(given) if isinstance(given, list) else par.stages
     par.schedule = schedule
+    if par.dp is None:  # under torchrun the world is P x D (P = 1 for the simulator)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        par.dp = max(1, world // (par.stages if engine == "pipeline" else 1))
+    if cfg.data.batch_size % par.dp:
+        raise ConfigError(f"batch_size {cfg.data.batch_size} does not split over {par.dp} data-parallel "
+                          f"replicas: give a multiple of {par.dp}")
     if cfg.data.grad_accum is None:
         cfg.data.grad_accum = 1 if schedule in (None, "pipedream") else max(4, stages - 1)
 
