@@ -19,8 +19,9 @@ def _render_summary(s: dict) -> str:
 
 
 def cmd_train(args) -> int:
+    from delaylab.llm import parallel
     from delaylab.llm.harness import require_folder
-    from delaylab.llm.train import train
+    from delaylab.llm.train import train, train_replicas
 
     if args.resume:
         reject_changes_on_resume(args, args.resume)
@@ -31,7 +32,13 @@ def cmd_train(args) -> int:
         raise UsageError("give --out DIR (or --resume DIR)")
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
-    summary = train(cfg.resolved("simulator"), folder, resume=bool(args.resume), stop_at=args.stop_at)
+    cfg = cfg.resolved("simulator")
+    if cfg.parallel.dp > 1 and not parallel.under_launcher():  # start the D replicas ourselves
+        summary = train_replicas(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
+    else:
+        summary = train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
+        if parallel.world()[0] != 0:  # under torchrun, replica 0 reports
+            return 0
     emit(summary, args.json, _render_summary)
     return 0
 

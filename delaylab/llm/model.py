@@ -185,8 +185,10 @@ class Head(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, in float32 whatever the autocast dtype."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """Mean next-token cross-entropy, in float32 at least (bf16 autocast logits are cast up;
+    a float64 model keeps float64)."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(wide.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 class GPT(nn.Module):

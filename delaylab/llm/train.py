@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,12 +25,14 @@ import torch
 
 from delaylab._io import save_torch
 from delaylab.errors import ConfigError, Diverged, MissingFile
+from delaylab.llm import parallel
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.data import load_dataset
 from delaylab.llm.harness import RunFolder, summary_base
 from delaylab.llm.model import GPT, autocast
 
-CHECKPOINT = "ckpt.pt"
+CHECKPOINT = "ckpt.pt"  # one process
+CHECKPOINT_DIR = "ckpt"  # data-parallel replicas: a torch.distributed.checkpoint folder
 
 
 def build_delayed_optimizer(model: GPT, cfg: Config):
@@ -63,13 +66,18 @@ class Trainer:
         r, d = cfg.run, cfg.data
         if r.threads:
             torch.set_num_threads(r.threads)
-        self.device = cfg.torch_device()
+        self.dp = cfg.parallel.dp
+        self.device = cfg.torch_device(int(os.environ.get("LOCAL_RANK", 0)) if self.dp > 1 else None)
+        self.mesh = parallel.start(cfg, self.device) if self.dp > 1 else None
+        self.rank = parallel.world()[0]
         self.data = dataset if dataset is not None else load_dataset(
             d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field
         )
         self.model_cfg = cfg.model_config(self.data.vocab_size)
-        torch.manual_seed(r.seed)
+        torch.manual_seed(r.seed)  # every replica builds the same initial weights
         self.model = GPT(self.model_cfg).to(device=self.device, dtype=cfg.torch_dtype())
+        # What the forward calls: the model, or its DDP / FSDP2 form (the same parameters).
+        self.net = parallel.wrap(self.model, cfg, self.mesh) if self.mesh is not None else self.model
         self.opt = build_delayed_optimizer(self.model, cfg)
         for g in self.opt.param_groups:
             g.setdefault("initial_lr", g["lr"])  # the peak lr (the key torch's schedulers use)
@@ -77,8 +85,7 @@ class Trainer:
         self.block = self.model_cfg.block_size
         self.tokens_per_call = d.batch_size * self.block * d.grad_accum
         self.calls = 0
-        self.val = [(x.to(self.device), y.to(self.device))
-                    for x, y in self.data.val_batches(r.eval_batches, d.batch_size, self.block)]
+        self.val = self.data.val_batches(r.eval_batches, d.batch_size, self.block)
 
     @property
     def updates(self) -> int:
@@ -91,14 +98,15 @@ class Trainer:
         """
         M, B, seed, total = self.cfg.data.grad_accum, self.cfg.data.batch_size, self.cfg.run.seed, 0.0
         for j in range(M):
-            x, y = self.data.batch(self.calls * M + j, B, self.block, seed)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with autocast(self.device):
-                _, loss = self.model(x, y)
-            loss = loss / M
-            loss.backward()
+            x, y = self._rows(*self.data.batch(self.calls * M + j, B, self.block, seed))
+            # replicas reduce their gradients once per call, on the last microbatch
+            with parallel.gradient_sync(self.net, j == M - 1):
+                with autocast(self.device):
+                    _, loss = self.net(x, y)
+                loss = loss / M
+                loss.backward()
             total = total + loss.detach()
-        total = float(total)  # one device sync per call, for the NaN check and the log
+        total = float(parallel.mean_over_replicas(total))  # one sync per call; every replica agrees
         if not math.isfinite(total):
             raise Diverged(f"loss is {total} at update {self.updates} (call {self.calls})")
         self.opt.step()
@@ -117,15 +125,29 @@ class Trainer:
         for g, k in zip(self.opt.param_groups, self.opt.group_updates):
             g["lr"] = g["initial_lr"] * lr_factor(k, self.cfg)
 
+    def weights_finite(self) -> bool:
+        """Whether every weight is finite, on every replica (FSDP2 holds shards)."""
+        local = all(torch.isfinite(getattr(p, "_local_tensor", p)).all() for p in self.model.parameters())
+        if self.dp == 1:
+            return bool(local)
+        return bool(parallel.mean_over_replicas(torch.tensor(float(local))) == 1.0)
+
+    def _rows(self, x: torch.Tensor, y: torch.Tensor):
+        """This replica's rows of a batch, on the device."""
+        if self.dp > 1:
+            x, y = parallel.my_rows(x, self.rank, self.dp), parallel.my_rows(y, self.rank, self.dp)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
         losses = []
         for x, y in self.val:
             with autocast(self.device):
-                losses.append(self.model(x, y)[1].item())
+                losses.append(self.net(*self._rows(x, y))[1].item())
         self.model.train()
-        return sum(losses) / len(losses)
+        mean = sum(losses) / len(losses)
+        return mean if self.dp == 1 else float(parallel.mean_over_replicas(torch.tensor(mean, dtype=torch.float64)))
 
     def state_dict(self) -> dict:
         rng = {"torch": torch.get_rng_state()}
@@ -163,6 +185,55 @@ def load_checkpoint(path: Path) -> dict:
     return ckpt
 
 
+class Checkpoints:
+    """The run's checkpoint: ``ckpt.pt`` in one process, a ``torch.distributed.checkpoint`` folder
+    ``ckpt/`` for data-parallel replicas (every rank saves and loads; rank 0 moves files).
+
+    A checkpoint is "good" once a finite loss has been computed at its weights: it waits as
+    ``<name>.pending`` until the next call (or the final evaluation) says so, then replaces the
+    good one, which therefore always exists once written and is never a diverged state.
+    """
+
+    def __init__(self, out: Path | None, dp: int, rank: int):
+        self.dp, self.moves = dp, rank == 0
+        name = CHECKPOINT if dp == 1 else CHECKPOINT_DIR
+        self.good = out / name if out is not None else None
+        self.pending = out / (name + ".pending") if out is not None else None
+
+    def save(self, state: dict) -> None:
+        if self.pending is None:
+            return
+        if self.dp == 1:
+            save_torch(state, self.pending)
+            return
+        if self.moves and self.pending.exists():  # dcp's first step waits for every rank
+            shutil.rmtree(self.pending)
+        parallel.save_state(state, self.pending)
+
+    def promote(self) -> None:
+        if not self.moves or self.pending is None or not self.pending.exists():
+            return
+        if self.dp == 1:
+            os.replace(self.pending, self.good)
+            return
+        old = self.good.with_name(self.good.name + ".old")
+        if self.good.exists():
+            os.replace(self.good, old)
+        os.replace(self.pending, self.good)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        if self.moves and self.pending is not None and self.pending.exists():
+            (self.pending.unlink if self.dp == 1 else lambda: shutil.rmtree(self.pending))()
+
+    def load(self, mesh=None) -> dict:
+        if self.dp == 1:
+            return load_checkpoint(self.good)
+        if not self.good.is_dir():
+            raise MissingFile(f"no checkpoint to resume: {self.good}")
+        return parallel.load_state(self.good, mesh)
+
+
 def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = False,
           stop_at: int | None = None, dataset=None) -> dict:
     """Run ``cfg`` and return the summary (also written to ``out/summary.json``).
@@ -172,26 +243,19 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
     checkpoint, as an interrupted run would. Raises :class:`Diverged` on a NaN/inf loss.
     """
     cfg = cfg.resolved("simulator")
-    run = RunFolder(cfg, out, marks=(CHECKPOINT,))
+    trainer = Trainer(cfg, dataset)  # loads the data: bad data fails before anything is written
+    run = RunFolder(cfg, out, writer=trainer.rank == 0, marks=(CHECKPOINT, CHECKPOINT_DIR))
+    ckpts = Checkpoints(run.out, trainer.dp, trainer.rank)
     ckpt = None
     if resume:
-        ckpt = load_checkpoint(run.out / CHECKPOINT)
+        ckpt = ckpts.load(trainer.mesh)
         run.check_same_run(ckpt["config"])
-    else:
-        run.check_new()
-    trainer = Trainer(cfg, dataset)  # loads the data: bad data fails before anything is written
-    if ckpt is not None:
         trainer.load_state_dict(ckpt)
         if trainer.updates >= cfg.run.steps and run.finished_summary() is not None:
             return run.finished_summary()
-    good = run.out / CHECKPOINT if run.out is not None else None
-    # A checkpoint is "good" once a finite loss has been computed at its weights: it waits as
-    # ckpt.pt.pending until the next call (or the final evaluation) says so, then replaces ckpt.pt.
-    pending = run.out / (CHECKPOINT + ".pending") if run.out is not None else None
-
-    def promote() -> None:
-        if pending is not None and pending.exists():
-            os.replace(pending, good)
+    elif run.writer:  # the writer checks; the others wait for it before anything is written
+        run.check_new()
+    parallel.barrier()
 
     r, steps = cfg.run, cfg.run.steps
     end = min(steps, stop_at) if stop_at is not None else steps
@@ -204,11 +268,10 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
             try:
                 loss = trainer.step()
             except Diverged as err:
-                if pending is not None:
-                    pending.unlink(missing_ok=True)
-                raise run.diverged(err, trainer.updates, good) from None
+                ckpts.discard()
+                raise run.diverged(err, trainer.updates, ckpts.good) from None
             run.state["train_time"] += time.perf_counter() - t0
-            promote()
+            ckpts.promote()
             run.add_loss(loss)
             k = trainer.updates
             if not trainer.opt.updated:
@@ -223,15 +286,14 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
                     values["val_loss"] = trainer.evaluate()
                     eval_time += time.perf_counter() - t_eval
                     if not math.isfinite(values["val_loss"]):
-                        if pending is not None:
-                            pending.unlink(missing_ok=True)
-                        raise run.diverged(f"validation loss is {values['val_loss']} at update {k}", k, good)
+                        ckpts.discard()
+                        raise run.diverged(f"validation loss is {values['val_loss']} at update {k}", k, ckpts.good)
                 run.record(k, **values)
-            if pending is not None and (final or k == end or (r.ckpt_every and k % r.ckpt_every == 0)):
-                save_torch({**trainer.state_dict(), "loop": run.loop_state()}, pending)
+            if final or k == end or (r.ckpt_every and k % r.ckpt_every == 0):
+                ckpts.save({**trainer.state_dict(), "loop": run.loop_state()})
         # The last checkpoint's weights were checked by the final evaluation or, at a stop, are finite.
-        if all(torch.isfinite(p).all() for p in trainer.model.parameters()):
-            promote()
+        if trainer.weights_finite():
+            ckpts.promote()
     finally:
         run.close()
     # Wall time of this session's loop minus validation: every bit of the trainer's own work
@@ -245,3 +307,37 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
         "train_time_s": run.state["train_time"], "loop_time_s": loop_time, **summary_base(cfg),
         "engine": "simulator", "params": trainer.model.num_params(), "device": str(trainer.device),
     })
+
+
+def _replicas(jobs: list[tuple[dict, str | None, bool, int | None]]) -> list[dict]:
+    try:
+        summaries = [train(Config.from_dict(c), out, resume=resume, stop_at=stop) for c, out, resume, stop in jobs]
+    except BaseException as err:  # noqa: BLE001 - one line from the replica that failed, then exit 1
+        parallel.report_failure("replica", err)
+    parallel.stop()
+    return summaries
+
+
+def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config, out=None, *,
+                   resume: bool = False, stop_at: int | None = None):
+    """Start ``parallel.dp`` processes (torch's elastic launcher, as torchrun would) and run
+    :func:`train` in each: one config (``train_replicas(cfg, out, resume=..., stop_at=...)``,
+    returns replica 0's summary) or several back to back in one start-up (a list of
+    ``(cfg, out)``, returns their summaries; every job needs the same D). A failed replica
+    raises :class:`~delaylab.llm.pipeline.launch.PipelineFailed` naming it."""
+    from delaylab.llm.pipeline.launch import launch
+
+    single = isinstance(jobs, Config)
+    jobs = [(jobs, out)] if single else jobs
+    jobs = [(cfg.resolved("simulator"), out) for cfg, out in jobs]
+    sizes = {cfg.parallel.dp for cfg, _ in jobs}
+    if len(sizes) != 1:
+        raise ConfigError(f"train_replicas needs one replica count for all jobs, got {sorted(sizes)}")
+    for cfg, folder in jobs:
+        d = cfg.data
+        load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)  # bad data: here, once
+        if folder is not None and not resume:
+            RunFolder(cfg, folder, marks=(CHECKPOINT, CHECKPOINT_DIR)).check_new()
+    specs = [(cfg.to_dict(), None if folder is None else str(folder), resume, stop_at) for cfg, folder in jobs]
+    summaries = launch(_replicas, sizes.pop(), specs)[0]
+    return summaries[0] if single else summaries

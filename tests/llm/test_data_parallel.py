@@ -1,0 +1,126 @@
+"""The data-parallel simulator: D replicas (DDP or FSDP2, gloo) run the one-process run.
+
+Proof of semantics in float64 (the replicas average equal-size slices, which reassociates the
+batch mean: equality holds to rounding, shown here to 1e-10), exact resume from a
+``torch.distributed.checkpoint`` folder, and the one-line errors.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from delaylab.errors import ConfigError
+from delaylab.llm import parallel
+from delaylab.llm.config import Config
+from delaylab.llm.train import Trainer, train, train_replicas
+
+pytestmark = pytest.mark.dist
+
+TOL = 1e-10
+
+
+def cfg(**kw) -> Config:
+    base = dict(preset="tiny", batch_size=4, block_size=32, steps=10, eval_every=5, eval_batches=2, log_every=5,
+                grad_accum=2, dtype="float64", device="cpu", threads=1, progress=False, ckpt_every=5)
+    return Config.from_dict({**base, **kw})
+
+
+def one_process_weights(c: Config) -> dict:
+    t = Trainer(c.replace(dp=1))
+    while t.updates < t.cfg.run.steps:
+        t.step()
+    return t.model.state_dict()
+
+
+def replica_weights(folder) -> dict:
+    return parallel.load_state(folder / "ckpt")["model"]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+CASES = {f"{o}-{c}": dict(optimizer=o, delay=1, correction=c) for o in ("adamw", "muon") for c in ("none", "ef")}
+CASES["adamw-fsdp2-ef"] = dict(optimizer="adamw", delay=1, correction="ef", dp_shard=True)
+
+
+@pytest.fixture(scope="module")
+def replica_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp")
+    jobs = [(cfg(dp=2, **kw), root / name) for name, kw in CASES.items()]
+    summaries = train_replicas(jobs)
+    return root, dict(zip(CASES, summaries))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_two_replicas_equal_one_process_in_float64(replica_runs, name):
+    root, summaries = replica_runs
+    c = cfg(**CASES[name])
+    diff = max_diff(replica_weights(root / name), one_process_weights(c))
+    assert diff <= TOL, f"{name}: max |diff| {diff:.3g}"
+    assert summaries[name]["dp"] == 2 and summaries[name]["steps"] == 10
+    # the check resolves the semantics: the synchronous run ends far away
+    assert max_diff(replica_weights(root / name), one_process_weights(c.replace(delay=0, correction="none"))) > 1e-4
+
+
+@pytest.mark.timeout(300)
+def test_resume_after_a_stop_and_after_kill_9_is_exact(tmp_path):
+    c = cfg(optimizer="adamw", delay=1, correction="ef", dtype="float32", dp=2, ckpt_every=2, steps=8)
+    full = tmp_path / "full"
+    train_replicas(c, full)
+    # a stop at update 4, then a resume
+    again = tmp_path / "again"
+    train_replicas(c, again, stop_at=4)
+    train_replicas(c, again, resume=True)
+    assert max_diff(replica_weights(again), replica_weights(full)) == 0.0
+    # kill -9 of every process mid-run, then a resume from the last good checkpoint
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "delaylab", "llm", "train", "--preset", "tiny", "--batch-size", "4",
+           "--block-size", "32", "--steps", "400", "--grad-accum", "2", "--delay", "1", "--correction", "ef",
+           "--dp", "2", "--ckpt-every", "2", "--eval-every", "400", "--eval-batches", "2", "--log-every", "5", "--threads", "1", "--progress", "false",
+           "--device", "cpu", "--out", str(killed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while not (killed / "ckpt").is_dir():
+        assert time.time() < deadline and proc.poll() is None, "the run never checkpointed"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    long = c.replace(steps=400, eval_every=400)
+    resumed = train_replicas(long, killed, resume=True, stop_at=8)
+    assert resumed["steps"] == 8
+    reference = tmp_path / "reference"
+    train_replicas(long, reference, stop_at=8)
+    assert max_diff(replica_weights(killed), replica_weights(reference)) == 0.0
+
+
+def test_a_batch_that_does_not_split_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="batch_size 4 does not split over 3"):
+        cfg(dp=3).resolved()
+
+
+def test_a_world_that_is_not_d_replicas_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="3 processes for 2 data-parallel replicas"):
+        Trainer(cfg(dp=2))
+
+
+def test_fsdp2_refuses_optimizers_that_need_whole_matrices(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="muon needs whole matrices"):
+        Trainer(cfg(dp=2, dp_shard=True, optimizer="muon"))
+
+
+def test_one_process_runs_are_unchanged(tmp_path):
+    """dp=1 keeps ckpt.pt and no process group: the run before data parallelism, bit for bit."""
+    s = train(cfg(dtype="float32", steps=4), tmp_path / "run")
+    assert (tmp_path / "run" / "ckpt.pt").is_file() and not (tmp_path / "run" / "ckpt").exists()
+    assert s["dp"] == 1 and not torch.distributed.is_initialized()
