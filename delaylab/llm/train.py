@@ -310,10 +310,14 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
 
 
 def _replicas(jobs: list[tuple[dict, str | None, bool, int | None]]) -> list[dict]:
-    try:
-        summaries = [train(Config.from_dict(c), out, resume=resume, stop_at=stop) for c, out, resume, stop in jobs]
-    except BaseException as err:  # noqa: BLE001 - one line from the replica that failed, then exit 1
-        parallel.report_failure("replica", err)
+    summaries = []
+    for c, out, resume, stop in jobs:
+        try:
+            summaries.append(train(Config.from_dict(c), out, resume=resume, stop_at=stop))
+        except Diverged as err:  # every replica sees the same mean loss: they all stop here
+            summaries.append({"status": "diverged", "message": str(err)})
+        except BaseException as err:  # noqa: BLE001 - one line from the replica that failed, then exit 1
+            parallel.report_failure("replica", err)
     parallel.stop()
     return summaries
 
@@ -340,4 +344,6 @@ def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config,
             RunFolder(cfg, folder, marks=(CHECKPOINT, CHECKPOINT_DIR)).check_new()
     specs = [(cfg.to_dict(), None if folder is None else str(folder), resume, stop_at) for cfg, folder in jobs]
     summaries = launch(_replicas, sizes.pop(), specs)[0]
+    if single and summaries[0]["status"] == "diverged":
+        raise Diverged(summaries[0]["message"])
     return summaries[0] if single else summaries

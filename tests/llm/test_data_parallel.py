@@ -124,3 +124,45 @@ def test_one_process_runs_are_unchanged(tmp_path):
     s = train(cfg(dtype="float32", steps=4), tmp_path / "run")
     assert (tmp_path / "run" / "ckpt.pt").is_file() and not (tmp_path / "run" / "ckpt").exists()
     assert s["dp"] == 1 and not torch.distributed.is_initialized()
+
+
+@pytest.mark.timeout(180)
+def test_a_nan_stops_every_replica_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    from delaylab.cli import main
+
+    out = tmp_path / "run"
+    code = main(["llm", "train", "--preset", "tiny", "--batch-size", "4", "--block-size", "32", "--dp", "2",
+                 "--optimizer", "sgd", "--lr", "10000", "--momentum", "0", "--lr-schedule", "constant", "--warmup", "0",
+                 "--steps", "50", "--ckpt-every", "1", "--eval-every", "50", "--eval-batches", "2", "--device", "cpu",
+                 "--threads", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "delaylab: diverged:" in err and len(err.strip().splitlines()) == 1, err
+    state = parallel.load_state(out / "ckpt")
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert not (out / "ckpt.pending").exists()
+
+
+@pytest.mark.timeout(180)
+def test_torchrun_runs_the_replicas_and_replica_0_reports(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "delaylab",
+           "llm", "train", "--preset", "tiny", "--steps", "4", "--batch-size", "4", "--block-size", "32",
+           "--eval-batches", "2", "--device", "cpu", "--threads", "1", "--json", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1  # exactly one JSON object, from replica 0
+    import json
+
+    summary = json.loads(lines[0])
+    assert summary["dp"] == 2 and summary["status"] == "finished"
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+@pytest.mark.timeout(180)
+def test_fsdp2_resume_is_exact(tmp_path):
+    c = cfg(optimizer="adamw", delay=1, correction="ef", dtype="float32", dp=2, dp_shard=True, ckpt_every=2, steps=6)
+    train_replicas(c, tmp_path / "full")
+    train_replicas(c, tmp_path / "part", stop_at=3)
+    train_replicas(c, tmp_path / "part", resume=True)
+    assert max_diff(replica_weights(tmp_path / "part"), replica_weights(tmp_path / "full")) == 0.0
