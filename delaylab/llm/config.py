@@ -354,17 +354,10 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(str(err)) from None
 
 
-def schedule_delays(schedule: str, stages: int) -> list[int]:
-    """The delay of each stage under a pipeline schedule."""
-    if schedule == "2bw":
-        return [1] * stages
-    if schedule == "pipedream":
-        return [stages - 1 - s for s in range(stages)]
-    return [0] * stages
-
-
 def _resolve_parallel(cfg: Config, engine: str) -> None:
     """Fill schedule, delay, stages and grad_accum: one place for how they determine each other."""
+    from delaylab.llm.pipeline.schedules import schedule_delays
+
     par, dl = cfg.parallel, cfg.delay
     given = dl.delay
     if isinstance(given, list) and par.stages is not None and par.stages != len(given):

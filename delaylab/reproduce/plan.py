@@ -81,9 +81,9 @@ def momentum(p: Preset, best: dict) -> list[LLMRun]:
 
 def schedule_delays(depth: int) -> list[int]:
     """PipeDream's per-stage delays at ``depth`` stages, from the pipeline's schedule model."""
-    from delaylab.llm.pipeline.schedules import Schedule
+    from delaylab.llm.pipeline.schedules import schedule_delays as delays
 
-    return Schedule("pipedream", depth, 1, 1).delays()
+    return delays("pipedream", depth)
 
 
 def schedules(p: Preset) -> dict[str, list[LLMRun]]:

@@ -104,14 +104,10 @@ class Schedule:
     # -- the delay model --------------------------------------------------------------------
     def delay(self, stage: int) -> int:
         """``tau_s``: how many updates older than the current weights a stage's gradients are."""
-        if self.name == "2bw":
-            return 1
-        if self.name == "pipedream":
-            return self.stages - 1 - stage
-        return 0
+        return schedule_delays(self.name, self.stages)[stage]
 
     def delays(self) -> list[int]:
-        return [self.delay(s) for s in range(self.stages)]
+        return schedule_delays(self.name, self.stages)
 
     def slots(self, stage: int) -> int:
         """Weight slots the stage keeps (versions live at once, at most)."""
@@ -189,6 +185,16 @@ def _interleave(fwd: range, bwd: range, warmup: int) -> Iterator[tuple[str, int]
         if i < len(rest):
             yield ("F", rest[i])
         yield ("B", n)
+
+
+def schedule_delays(name: str, stages: int) -> list[int]:
+    """Each stage's delay under schedule ``name`` (torch's runtimes: as their own names)."""
+    name = name.removeprefix("torch-")
+    if name == "2bw":
+        return [1] * stages
+    if name == "pipedream":
+        return [stages - 1 - s for s in range(stages)]
+    return [0] * stages
 
 
 def check_config(name: str, stages: int, microbatches: int, n_layer: int | None = None) -> None:
