@@ -99,6 +99,43 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_advise(args) -> int:
+    from delaylab.llm.advise import Overheads, advise, plot, render
+    from delaylab.llm.pipeline.simulator import Costs
+
+    given = [args.forward, args.backward]
+    if any(v is not None for v in given) and not all(v is not None for v in given):
+        raise UsageError("give both --forward and --backward (or neither: measured)")
+    cfg = config_from_args(args).replace(stages=args.stages or 4)
+    if args.forward is not None and args.n_layer is None:  # given costs: no model is built
+        cfg = cfg.replace(n_layer=cfg.parallel.stages)
+    cfg = cfg.resolved("pipeline")
+    P, M = cfg.parallel.stages, cfg.data.grad_accum
+    for name in ("forward", "backward", "weight_grad", "update", "send", "overhead", "pipedream_overhead"):
+        v = getattr(args, name)
+        if v is not None and not v >= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+    if args.forward is not None:
+        costs = Costs.make(P, args.forward, args.backward, args.update or 0.0, args.send or 0.0)
+        source = "given"
+    else:
+        import torch
+
+        from delaylab.llm.pipeline.profile import measure_costs
+
+        costs = measure_costs(cfg, cfg.torch_device())
+        source = f"measured on {cfg.torch_device()} ({torch.get_num_threads()} threads)"
+    overheads = Overheads() if args.overhead is None else Overheads(args.overhead, args.pipedream_overhead, "given")
+    result = advise(P, M, costs, weight_grad=args.weight_grad, chunks=args.chunks, updates=cfg.run.steps,
+                    overheads=overheads)
+    result["costs_source"] = source
+    if args.figure:
+        plot(result, args.figure)
+        result["figure"] = args.figure
+    emit(result, args.json, render)
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("llm", help="GPT pretraining: sync vs delayed vs mitigations")
     llm_sub = p.add_subparsers(dest="llm_command", metavar="LLM_COMMAND", required=True)
@@ -136,5 +173,27 @@ def register(sub) -> None:
     s.add_argument("--out", metavar="DIR", help="sweep folder (rerun to resume)")
     add_json_flag(s)
     s.set_defaults(func=cmd_sweep)
+
+    a = llm_sub.add_parser(
+        "advise", help="is async pipelining worth it? time to a target loss for GPipe, 1F1B, interleaved, ZB-H1, "
+        "2BW, PipeDream",
+        description="Predict time per update, bubble, memory and time to the target loss of each pipeline schedule: "
+        "per-stage costs given (--forward/--backward/...) or measured by profiling the model on this machine; the "
+        "iso-loss token overhead of the delayed schedules given (--overhead) or assumed 1. Interleaved 1F1B and "
+        "ZB-H1 are modelled, not run.",
+    )
+    add_config_flags(a, only=("preset", "n_layer", "block_size", "batch_size", "grad_accum", "stages", "optimizer",
+                              "device", "tokenizer", "vocab_size", "steps"), title="the model and batch (config fields)")
+    c = a.add_argument_group("costs, seconds per microbatch and stage (default: measured)")
+    for flag, text in (("forward", "forward F"), ("backward", "full backward B"),
+                       ("weight-grad", "weight-gradient part W of B (default B/2)"), ("update", "optimizer step"),
+                       ("send", "one activation message")):
+        c.add_argument(f"--{flag}", type=float, help=text)
+    a.add_argument("--chunks", type=int, default=2, help="interleaved 1F1B: model chunks per rank v (default 2)")
+    a.add_argument("--overhead", type=float, help="2BW's iso-loss token overhead (default: none given, 1.0)")
+    a.add_argument("--pipedream-overhead", type=float, help="PipeDream's (default: 2BW's)")
+    a.add_argument("--figure", metavar="PNG", help="write the time-to-target bar chart here")
+    add_json_flag(a)
+    a.set_defaults(func=cmd_advise)
 
     pipeline.register(llm_sub)
