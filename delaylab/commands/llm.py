@@ -115,7 +115,15 @@ def cmd_advise(args) -> int:
         v = getattr(args, name)
         if v is not None and not v >= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
-    if args.forward is not None:
+    measured_run = None
+    if args.costs_from:
+        from delaylab.llm.pipeline.timeline import load_timeline
+
+        timeline, measured_run = load_timeline(args.costs_from)
+        costs, source = Costs.measured(timeline), f"measured in {args.costs_from}"
+        if timeline.stages != P:
+            raise UsageError(f"{args.costs_from} ran {timeline.stages} stages; give --stages {timeline.stages}")
+    elif args.forward is not None:
         costs = Costs.make(P, args.forward, args.backward, args.update or 0.0, args.send or 0.0)
         source = "given"
     else:
@@ -129,6 +137,12 @@ def cmd_advise(args) -> int:
     result = advise(P, M, costs, weight_grad=args.weight_grad, chunks=args.chunks, updates=cfg.run.steps,
                     overheads=overheads)
     result["costs_source"] = source
+    if measured_run is not None:  # the model against the run whose costs it used
+        row = next(r for r in result["rows"] if r["schedule"] == measured_run["schedule"].removeprefix("torch-"))
+        result["check"] = {"schedule": measured_run["schedule"], "measured_s": measured_run["seconds_per_batch"],
+                           "predicted_s": row["seconds_per_update"],
+                           "measured_over_predicted": measured_run["seconds_per_batch"] / row["seconds_per_update"],
+                           "foreign_cpu_cores": measured_run.get("foreign_cpu_cores")}
     if args.figure:
         plot(result, args.figure)
         result["figure"] = args.figure
@@ -189,6 +203,8 @@ def register(sub) -> None:
                        ("weight-grad", "weight-gradient part W of B (default B/2)"), ("update", "optimizer step"),
                        ("send", "one activation message")):
         c.add_argument(f"--{flag}", type=float, help=text)
+    c.add_argument("--costs-from", metavar="RUN", help="a `llm pipeline` run folder: its measured per-stage costs "
+                   "(timeline.json), and its measured time per update printed beside the prediction")
     a.add_argument("--chunks", type=int, default=2, help="interleaved 1F1B: model chunks per rank v (default 2)")
     a.add_argument("--overhead", type=float, help="2BW's iso-loss token overhead (default: none given, 1.0)")
     a.add_argument("--pipedream-overhead", type=float, help="PipeDream's (default: 2BW's)")

@@ -109,6 +109,10 @@ def render(result: dict) -> str:
         lines.append(f"{r['schedule']:<17} {r['seconds_per_update']:>9.4g} {r['bubble']:>7.1%} {r['weight_versions']:>8} "
                      f"{r['activations_in_flight']:>5} {r['delay']:>5} {r['token_overhead']:>8.3f} "
                      f"{r['time_to_target_s']:>13.4g} s{tag}")
+    if "check" in result:
+        k = result["check"]
+        lines.append(f"check: {k['schedule']} measured {k['measured_s']:.4g} s per update, predicted "
+                     f"{k['predicted_s']:.4g} s (x{k['measured_over_predicted']:.3f})")
     verdict = "worth it" if result["async_speedup"] > 1 else "not worth it"
     lines.append(f"best: {result['best']}; async over the best synchronous schedule ({result['best_synchronous']}): "
                  f"x{result['async_speedup']:.3f} ({verdict} at this overhead)")

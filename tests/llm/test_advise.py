@@ -67,3 +67,21 @@ def test_cli_measures_costs_by_default(capsys):
 def test_cli_half_given_costs_are_refused(capsys):
     assert main(["llm", "advise", "--forward", "1"]) == 2
     assert "give both --forward and --backward" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_costs_from_a_pipeline_run_are_checked_against_its_measured_time(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["llm", "pipeline", "--stages", "2", "--schedule", "1f1b", "--preset", "tiny", "--steps", "6",
+                 "--batch-size", "2", "--block-size", "16", "--eval-batches", "1", "--device", "cpu",
+                 "--out", str(run), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "advise", "--stages", "2", "--microbatches", "4", "--costs-from", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    check = out["check"]
+    assert check["schedule"] == "1f1b" and check["measured_s"] > 0
+    # the model's prediction from the run's own per-action costs, against the run's own clock
+    assert check["measured_over_predicted"] == pytest.approx(check["measured_s"] / check["predicted_s"])
+    assert out["costs_source"] == f"measured in {run}"
+    assert main(["llm", "advise", "--stages", "3", "--costs-from", str(run)]) == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from statistics import median
-from delaylab.errors import ConfigError
+from delaylab.errors import ConfigError, MissingFile
 
 
 @dataclass(frozen=True)
@@ -147,3 +147,15 @@ def plot_timeline(timeline: Timeline, ax=None, title: str | None = None, microba
     if title:
         ax.set_title(title, fontsize=9, loc="left")
     return fig
+
+
+def load_timeline(folder) -> tuple["Timeline", dict]:
+    """A pipeline run folder's measured timeline and its summary."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    if not (folder / "timeline.json").is_file() or not (folder / "summary.json").is_file():
+        raise MissingFile(f"{folder}: not a finished `delaylab llm pipeline` run (timeline.json, summary.json)")
+    data = json.loads((folder / "timeline.json").read_text())
+    return Timeline.from_list(data["events"], data["stages"]), json.loads((folder / "summary.json").read_text())
