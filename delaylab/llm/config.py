@@ -29,7 +29,10 @@ LOGGERS = ("none", "tensorboard", "wandb")
 PIPELINE_SCHEDULES = ("2bw", "pipedream", "1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
 SYNC_SCHEDULES = ("1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
 DEFAULT_STAGES = 2  # a pipeline run's stage count when none is given
-CORRECTIONS_BY_ENGINE = {"simulator": ("none", "ef", "dc-asgd"), "pipeline": ("none", "ef")}
+# delaylab.optim.CORRECTIONS (not imported: this module stays free of torch); the pipeline
+# engine builds only EF into its stages.
+CORRECTIONS_BY_ENGINE = {"simulator": ("none", "ef", "dc-asgd", "dc-asgd-a", "predict", "lookahead", "damp"),
+                         "pipeline": ("none", "ef")}
 
 
 def _f(default: Any, help: str, **kw):
@@ -85,9 +88,17 @@ class LRScheduleConfig:
 class DelayConfig:
     delay: int | list[int] | None = _f(None, "gradient delay tau, 0 = synchronous; a list gives one tau per "
                                        "stage, e.g. 3,2,1,0 (default: the schedule's, else 0)")
-    correction: str = _f("none", "none, ef (error feedback) or dc-asgd (simulator only)",
-                         choices=("none", "ef", "dc-asgd"))
+    correction: str = _f("none", "none, ef (error feedback); simulator only: dc-asgd, dc-asgd-a (adaptive "
+                         "lambda), predict (gradient at predicted weights x - tau u_last), lookahead (at the "
+                         "Nesterov point x - gamma u_last), damp (lr / (1 + c tau)); see docs/correctors.md",
+                         choices=CORRECTIONS_BY_ENGINE["simulator"])
     dc_lambda: float = _f(0.04, "DC-ASGD's lambda")
+    dc_lambda0: float = _f(2.0, "DC-ASGD-a's lambda0: lambda = lambda0 / sqrt(mean square of g + 1e-7)")
+    dc_ms_decay: float = _f(0.95, "DC-ASGD-a: EMA factor m of the gradient's mean square, in [0, 1)")
+    lookahead_momentum: float = _f(0.99, "lookahead: gamma of the look-ahead point x - gamma u_last")
+    damping: float = _f(1.0, "damp: c in lr / (1 + c tau)")
+    ef_dtype: str = _f("float32", "EF buffer dtype: float32 (the parameters' own; float64 in a float64 run) "
+                       "or bfloat16 (half the bytes; simulator only)", choices=("float32", "bfloat16"))
     sync_start: int = _f(0, "first K updates undelayed (simulator only)")
     sync_cooldown: int = _f(0, "last K updates undelayed (simulator only)")
 
@@ -346,8 +357,11 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(f"val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
     if not cfg.parallel.timeout > 0:
         raise ConfigError(f"timeout must be > 0 seconds, got {cfg.parallel.timeout}")
-    if cfg.delay.dc_lambda < 0:
-        raise ConfigError(f"dc_lambda must be >= 0, got {cfg.delay.dc_lambda}")
+    for name in ("dc_lambda", "dc_lambda0", "lookahead_momentum", "damping"):
+        if not getattr(cfg.delay, name) >= 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg.delay, name)}")
+    if not 0 <= cfg.delay.dc_ms_decay < 1:
+        raise ConfigError(f"dc_ms_decay must be in [0, 1), got {cfg.delay.dc_ms_decay}")
     try:
         cfg.model_config(256)
     except ValueError as err:
@@ -418,6 +432,8 @@ def _check_combinations(cfg: Config, engine: str) -> None:
         raise ConfigError("per-stage delays need untied embeddings (--tie-embeddings false): "
                           "the tied matrix would have two delays")
     if engine == "pipeline":
+        if dl.ef_dtype != "float32":
+            raise ConfigError("ef_dtype bfloat16 is supported by the simulator only")
         if dl.sync_start or dl.sync_cooldown:
             raise ConfigError("sync_start / sync_cooldown are not supported by the pipeline engine")
         if par.schedule.startswith("torch-") and stages < 2:

@@ -27,7 +27,8 @@ from delaylab.llm.config import Config
 from delaylab.llm.train import CHECKPOINT, train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
-SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"), "ef": (True, "ef"), "dc-asgd": (True, "dc-asgd")}
+SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"), "ef": (True, "ef"), "dc-asgd": (True, "dc-asgd"),
+               **{c: (True, c) for c in ("dc-asgd-a", "predict", "lookahead", "damp")}}
 
 
 @dataclass(frozen=True)

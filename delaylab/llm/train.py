@@ -53,7 +53,8 @@ def build_delayed_optimizer(model: GPT, cfg: Config):
         inner = CombinedOptimizer(parts)
     d = cfg.delay
     return Delayed(
-        inner, delay=per_group, correction=d.correction, dc_lambda=d.dc_lambda,
+        inner, delay=per_group, correction=d.correction, dc_lambda=d.dc_lambda, dc_lambda0=d.dc_lambda0,
+        dc_ms_decay=d.dc_ms_decay, lookahead_momentum=d.lookahead_momentum, damping=d.damping, ef_dtype=d.ef_dtype,
         sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps,
     )
 
@@ -97,15 +98,16 @@ class Trainer:
         Returns the batch's loss; raises :class:`Diverged` (before stepping) if it is not finite.
         """
         M, B, seed, total = self.cfg.data.grad_accum, self.cfg.data.batch_size, self.cfg.run.seed, 0.0
-        for j in range(M):
-            x, y = self._rows(*self.data.batch(self.calls * M + j, B, self.block, seed))
-            # replicas reduce their gradients once per call, on the last microbatch
-            with parallel.gradient_sync(self.net, j == M - 1):
-                with autocast(self.device):
-                    _, loss = self.net(x, y)
-                loss = loss / M
-                loss.backward()
-            total = total + loss.detach()
+        with self.opt.predicted_weights():  # weight prediction / look-ahead: shifted, then restored
+            for j in range(M):
+                x, y = self._rows(*self.data.batch(self.calls * M + j, B, self.block, seed))
+                # replicas reduce their gradients once per call, on the last microbatch
+                with parallel.gradient_sync(self.net, j == M - 1):
+                    with autocast(self.device):
+                        _, loss = self.net(x, y)
+                    loss = loss / M
+                    loss.backward()
+                total = total + loss.detach()
         total = float(parallel.mean_over_replicas(total))  # one sync per call; every replica agrees
         if not math.isfinite(total):
             raise Diverged(f"loss is {total} at update {self.updates} (call {self.calls})")
@@ -306,6 +308,7 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
         "calls": trainer.calls, "tokens": tokens, "tokens_per_s": tokens / max(run.state["train_time"], 1e-9),
         "train_time_s": run.state["train_time"], "loop_time_s": loop_time, **summary_base(cfg),
         "engine": "simulator", "params": trainer.model.num_params(), "device": str(trainer.device),
+        "corrector_bytes": trainer.opt.corrector_bytes(),  # per replica; the delay queue not counted
     })
 
 

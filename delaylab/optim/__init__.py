@@ -9,7 +9,9 @@
 - :class:`Delayed` (:mod:`~delaylab.optim.delayed`): stale gradients for any torch optimizer, with
   PipeDream-2BW's start-up convention. It composes
   :class:`~delaylab.optim.queue.DelayQueue` (tau, per-group tau, sync start / cooldown),
-  :mod:`~delaylab.optim.error_feedback` (EF) and :class:`~delaylab.optim.dc_asgd.DCASGD`.
+  :mod:`~delaylab.optim.error_feedback` (EF, its buffer optionally bf16),
+  :mod:`~delaylab.optim.dc_asgd` (DC-ASGD, DC-ASGD-a), :mod:`~delaylab.optim.prediction`
+  (weight prediction, Nesterov-style look-ahead) and :mod:`~delaylab.optim.damping` (lr damping).
 - :mod:`delaylab.optim.capabilities`: what a wrapper may ask of an optimizer without knowing
   its class (``leaves()``, whether it steps one parameter at a time).
 

@@ -1,9 +1,23 @@
-"""DC-ASGD (Zheng et al. 2017, "Asynchronous SGD with Delay Compensation") as a queue companion.
+r"""DC-ASGD and DC-ASGD-a (Zheng et al. 2017, "Asynchronous Stochastic Gradient Descent with
+Delay Compensation", ICML) as queue companions.
 
 A stale gradient is corrected by a first-order Taylor step with the diagonal approximation
-``g * g`` of the Hessian: ``g(x_now) ~ g(x_stale) + lambda * g * g * (x_now - x_stale)``.
+``g * g`` of the Hessian:
+
+.. math:: \tilde g = g + \lambda\, g \odot g \odot (x_{now} - x_{stale}).
+
 That needs the weights each queued gradient was taken at, so a copy of the weights is kept
-next to it (``state[p]["snapshots"]``).
+next to it (``state[p]["snapshots"]``: tau copies in steady state).
+
+DC-ASGD-a (the paper's adaptive form, its Section 5) makes lambda element-wise:
+
+.. math:: s_t = m\, s_{t-1} + (1 - m)\, g_t \odot g_t, \qquad
+          \lambda_t = \lambda_0 / \sqrt{s_t + \epsilon},
+
+with ``g_t`` the stale gradient being applied, ``s_{-1} = 0`` (no bias correction) and
+``epsilon = 1e-7``. ``s`` is one more parameter-sized buffer (``state[p]["dc_ms"]``) and, being a
+statistic of the gradients rather than of the queue, survives a drop of the queue. The paper
+used ``m = 0.95`` and ``lambda0 = 2``, our defaults.
 """
 
 from __future__ import annotations
@@ -12,8 +26,14 @@ import torch
 
 from delaylab.errors import ConfigError
 
+EPS = 1e-7  # DC-ASGD-a's epsilon (the paper's value)
+
 
 class DCASGD:
+    """Fixed lambda. ``keys``: the state it holds across steps (for the memory count)."""
+
+    keys = ("snapshots",)
+
     def __init__(self, dc_lambda: float = 0.04):
         if not dc_lambda >= 0:
             raise ConfigError(f"dc_lambda must be >= 0, got {dc_lambda}")
@@ -24,9 +44,33 @@ class DCASGD:
 
     def apply(self, p: torch.Tensor, st: dict, g: torch.Tensor | None) -> torch.Tensor | None:
         stale = st["snapshots"].pop(0)
-        if g is not None and self.dc_lambda:
-            g.addcmul_(g * g, p - stale, value=self.dc_lambda)
+        if g is not None:
+            self._compensate(g, p - stale, st)
         return g
+
+    def _compensate(self, g: torch.Tensor, drift: torch.Tensor, st: dict) -> None:
+        if self.dc_lambda:
+            g.addcmul_(g * g, drift, value=self.dc_lambda)
 
     def forget(self, st: dict) -> None:
         st.pop("snapshots", None)
+
+
+class DCASGDAdaptive(DCASGD):
+    """DC-ASGD-a: lambda0 / sqrt(EMA of g * g + eps), element-wise."""
+
+    keys = ("snapshots", "dc_ms")
+
+    def __init__(self, dc_lambda0: float = 2.0, ms_decay: float = 0.95):
+        super().__init__(dc_lambda0)
+        if not 0 <= ms_decay < 1:
+            raise ConfigError(f"dc_ms_decay must be in [0, 1), got {ms_decay}")
+        self.ms_decay = float(ms_decay)
+
+    def _compensate(self, g: torch.Tensor, drift: torch.Tensor, st: dict) -> None:
+        sq = g * g
+        ms = st.get("dc_ms")
+        if ms is None:
+            ms = st["dc_ms"] = torch.zeros_like(g)
+        ms.mul_(self.ms_decay).add_(sq, alpha=1 - self.ms_decay)
+        g.add_(sq.mul_(drift).div_((ms + EPS).sqrt_()).mul_(self.dc_lambda))

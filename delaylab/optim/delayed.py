@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import ExitStack, contextmanager
 from typing import Sequence
 
 import torch
@@ -11,10 +12,16 @@ from torch.optim import Optimizer
 from delaylab.errors import ConfigError
 from delaylab.optim import error_feedback
 from delaylab.optim._closure import closure_loss
-from delaylab.optim.dc_asgd import DCASGD
+from delaylab.optim.damping import LrDamping
+from delaylab.optim.dc_asgd import DCASGD, DCASGDAdaptive
+from delaylab.optim.prediction import Extrapolation
 from delaylab.optim.queue import DelayQueue, check_count, per_group
 
-CORRECTIONS = ("none", "ef", "dc-asgd")
+CORRECTIONS = ("none", "ef", "dc-asgd", "dc-asgd-a", "predict", "lookahead", "damp")
+# What each correction keeps in a parameter's state across steps.
+HELD = {"none": (), "ef": error_feedback.KEYS, "dc-asgd": DCASGD.keys, "dc-asgd-a": DCASGDAdaptive.keys,
+        "predict": Extrapolation.keys, "lookahead": Extrapolation.keys, "damp": LrDamping.keys}
+EF_DTYPES = {None: None, "float32": None, "bfloat16": torch.bfloat16}  # float32: the params' own
 
 
 class Delayed(Optimizer):
@@ -44,9 +51,22 @@ class Delayed(Optimizer):
       ``x_{t+1} = x_t - 2 u_{t-1}(g_{t-1}) + u_{t-2}(g_{t-2})`` in the paper's indexing. It keeps
       one parameter-sized buffer (the last ``u``) across steps; a second one exists only inside
       :meth:`step`. A pipeline stage, whose gradients are stale already, uses ``delay=0, ef_lag=1``.
+      ``ef_dtype="bfloat16"`` keeps that buffer in bf16 (half its bytes; the update then uses
+      the rounded ``u_{k-1}``).
     * ``"dc-asgd"`` (Zheng et al. 2017, "Asynchronous SGD with Delay Compensation"):
       ``g <- g + lambda g * g * (x_now - x_stale)``, which keeps a copy of the weights next to
-      each queued gradient.
+      each queued gradient. ``"dc-asgd-a"``, its adaptive form: ``lambda`` becomes
+      ``dc_lambda0 / sqrt(s + 1e-7)`` with ``s`` an EMA (factor ``dc_ms_decay``) of ``g * g``.
+    * ``"predict"`` (weight prediction, SpecTrain): the gradient is taken at
+      ``x - a u_last``, ``u_last`` the last applied update and ``a`` the updates the gradient
+      will wait for (``tau`` once the queue is full); ``"lookahead"`` (Nesterov-style, after
+      Ajanthan et al. 2025): at ``x - gamma u_last``, ``gamma = lookahead_momentum``. The caller
+      runs its forward/backward inside :meth:`predicted_weights`.
+    * ``"damp"``: a delayed update uses ``lr / (1 + damping * tau)``.
+
+    Each lives in its own module (:mod:`~delaylab.optim.dc_asgd`,
+    :mod:`~delaylab.optim.prediction`, :mod:`~delaylab.optim.damping`) with its formula;
+    :meth:`corrector_bytes` counts what the correction holds across steps.
 
     **Phases.** Updates ``k < sync_start`` and ``k >= total_steps - sync_cooldown`` are
     undelayed. Entering a delayed phase costs a fill of ``tau`` calls (a pipeline restarting
@@ -74,6 +94,11 @@ class Delayed(Optimizer):
         correction: str = "none",
         *,
         dc_lambda: float = 0.04,
+        dc_lambda0: float = 2.0,
+        dc_ms_decay: float = 0.95,
+        lookahead_momentum: float = 0.99,
+        damping: float = 1.0,
+        ef_dtype: str | None = None,
         sync_start: int = 0,
         sync_cooldown: int = 0,
         total_steps: int | None = None,
@@ -88,10 +113,21 @@ class Delayed(Optimizer):
         self.correction = correction
         self._ef_lag_follows_delay = ef_lag is None
         self.ef_lags = list(delays) if ef_lag is None else per_group(ef_lag, n, "ef_lag")
+        if ef_dtype not in EF_DTYPES:
+            raise ConfigError(f"ef_dtype must be float32 or bfloat16, got {ef_dtype!r}")
+        self.ef_dtype = ef_dtype or "float32"
+        # Every unit is built (so bad hyperparameters fail here), the correction's one is used.
         self._dc = DCASGD(dc_lambda)
+        self._dca = DCASGDAdaptive(dc_lambda0, dc_ms_decay)
+        self._damping = LrDamping(damping)
+        extrapolates = correction in ("predict", "lookahead")
+        extrapolation = Extrapolation(correction if extrapolates else "lookahead", lookahead_momentum)
+        self._ex = extrapolation
+        self._extrapolation = extrapolation if extrapolates else None
+        companion = {"dc-asgd": self._dc, "dc-asgd-a": self._dca}.get(correction)
         self.queue = DelayQueue(
             delays, sync_start=sync_start, sync_cooldown=sync_cooldown, total_steps=total_steps,
-            companion=self._dc if correction == "dc-asgd" else None,
+            companion=companion,
         )
         self.inner = inner
         # Registers nothing itself (see add_param_group) and shares the inner's defaults, so
@@ -164,33 +200,83 @@ class Delayed(Optimizer):
             return loss
 
         ef_lags: dict[int, int] = {}  # id(group) -> EF lag, for groups that update with EF now
-        any_update = False
+        updating: list[tuple[dict, int]] = []  # (group, tau of this update: 0 when undelayed)
         for gi, group in enumerate(self.param_groups):
             delayed = self.queue.advance(gi, group["params"], self.state)
             if delayed is None:
                 continue
-            any_update = True
+            updating.append((group, self.delays[gi] if delayed else 0))
             lag = self.ef_lags[gi] if delayed and self.correction == "ef" else 0
             if lag:
                 ef_lags[id(group)] = lag
 
-        self.updated = any_update
-        if not any_update:
+        self.updated = bool(updating)
+        if not updating:
             return loss
-        if not ef_lags:
-            self.inner.step()
-        elif self._steps_per_param(ef_lags):
-            self._ef_step_per_param(ef_lags)
-        else:
-            error_feedback.step_whole_model(self.inner, self.param_groups, ef_lags, self.state)
+        with self._around_inner_step(updating):
+            if not ef_lags:
+                self.inner.step()
+            elif self._steps_per_param(ef_lags):
+                self._ef_step_per_param(ef_lags)
+            else:
+                error_feedback.step_whole_model(self.inner, self.param_groups, ef_lags, self.state,
+                                                EF_DTYPES[self.ef_dtype])
         return loss
+
+    @contextmanager
+    def _around_inner_step(self, updating: list[tuple[dict, int]]):
+        """What damping and extrapolation do around the inner step (nothing for the others)."""
+        with ExitStack() as stack:
+            if self.correction == "damp":
+                stack.enter_context(self._damping.damped([(g, tau) for g, tau in updating if tau]))
+            before = None
+            if self._extrapolation is not None:  # u_last of every update, sync ones too
+                before = self._extrapolation.before_step(p for g, _ in updating for p in g["params"])
+            yield
+            if before is not None:
+                self._extrapolation.after_step(before, self.state)
+
+    @contextmanager
+    def predicted_weights(self):
+        """Run the next call's forward/backward inside: with ``"predict"`` or ``"lookahead"`` the
+        weights are ``x - c u_last`` there (see :mod:`~delaylab.optim.prediction`) and come back
+        bit for bit on exit; with any other correction it does nothing."""
+        ex = self._extrapolation
+        shifts = []
+        if ex is not None:
+            for gi, group in enumerate(self.param_groups):
+                ahead = self.queue.ahead(gi)
+                if ahead is None or not self.queue.delayed_phase(self.queue.updates[gi]):
+                    continue
+                c = ex.coefficient(self.delays[gi], ahead)
+                if not c:
+                    continue
+                for p in group["params"]:
+                    u = self.state[p].get("u_last") if p in self.state else None
+                    if u is not None:
+                        shifts.append((p, u, c))
+        with Extrapolation.shifted(shifts):
+            yield
+
+    def corrector_bytes(self) -> int:
+        """Bytes the correction holds across steps (EF buffer, DC-ASGD snapshots and mean
+        square, ``u_last``), on this process; the delay queue's gradients are not counted."""
+        keys, total = HELD[self.correction], 0
+        for st in self.state.values():
+            for key in keys:
+                v = st.get(key)
+                for t in (v if isinstance(v, list) else [v]):
+                    if t is not None:
+                        t = getattr(t, "_local_tensor", t)  # an FSDP2 shard: its local bytes
+                        total += t.numel() * t.element_size()
+        return total
 
     # The two EF paths are methods so that tests and benchmarks can pin one of them.
     def _steps_per_param(self, ef_lags) -> bool:
         return error_feedback.can_step_per_parameter(self.inner, self.param_groups, ef_lags)
 
     def _ef_step_per_param(self, ef_lags) -> None:
-        error_feedback.step_per_parameter(self.inner, ef_lags, self.state)
+        error_feedback.step_per_parameter(self.inner, ef_lags, self.state, EF_DTYPES[self.ef_dtype])
 
     # -- state ---------------------------------------------------------------------------------
     def _params(self) -> list[torch.Tensor]:
@@ -201,10 +287,15 @@ class Delayed(Optimizer):
             "delays": list(self.delays),
             "correction": self.correction,
             "ef_lags": list(self.ef_lags),
+            "ef_dtype": self.ef_dtype,
             "sync_start": self.sync_start,
             "sync_cooldown": self.sync_cooldown,
             "total_steps": self.total_steps,
         }
+
+    def _hyper(self) -> dict:
+        return {"dc_lambda0": self._dca.dc_lambda, "dc_ms_decay": self._dca.ms_decay, "damping": self._damping.c,
+                "lookahead_momentum": self._ex.gamma}
 
     def state_dict(self) -> dict:
         buffers = {}
@@ -217,6 +308,7 @@ class Delayed(Optimizer):
             "delayed": {
                 **self._config(),
                 "dc_lambda": self.dc_lambda,
+                "hyper": self._hyper(),
                 "updates": list(self.queue.updates),
                 "queued": list(self.queue.queued),
                 "updated": self.updated,
@@ -229,7 +321,7 @@ class Delayed(Optimizer):
             inner_sd, ours = state_dict["inner"], state_dict["delayed"]
         except (KeyError, TypeError):
             raise ConfigError("not a Delayed state_dict (expected keys 'inner' and 'delayed')") from None
-        saved = {k: ours[k] for k in self._config()}
+        saved = {k: ours.get(k, "float32") if k == "ef_dtype" else ours[k] for k in self._config()}  # older: no ef_dtype
         if saved != self._config():
             raise ConfigError(f"state_dict was saved with {saved}, but this wrapper has {self._config()}")
         self.inner.load_state_dict(inner_sd)
@@ -245,6 +337,10 @@ class Delayed(Optimizer):
                 key: ([move(t) for t in v] if isinstance(v, list) else move(v)) for key, v in st.items()
             }
         self._dc.dc_lambda = ours["dc_lambda"]
+        if "hyper" in ours:  # saved by a version that had the other correctors
+            h = ours["hyper"]
+            self._dca.dc_lambda, self._dca.ms_decay, self._damping.c = h["dc_lambda0"], h["dc_ms_decay"], h["damping"]
+            self._ex.gamma = h["lookahead_momentum"]
         self.queue.updates = list(ours["updates"])
         self.queue.queued = list(ours["queued"])
         self.updated = ours["updated"]

@@ -5,6 +5,10 @@ With ``u_k`` the inner optimizer's update from the stale gradient and lag ``l``,
 parameter-sized buffer, the last ``u`` (``state[p]["ef_buffer"]``); a snapshot of the
 weights before the inner step exists only during :func:`step`.
 
+``dtype`` (default: the parameter's) stores the buffer in a lower precision, e.g. bfloat16:
+half the bytes, and the update uses the rounded ``u_{k-1}`` (``u_k`` itself is exact). The
+paper lists EF's extra model copy as its memory cost; this halves it.
+
 ``ef_lags`` maps ``id(group)`` to the lag of each group that updates with EF on this call;
 the other groups are stepped plainly.
 """
@@ -18,20 +22,30 @@ from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimize
 from delaylab.optim.capabilities import leaves, steps_per_parameter
 
 
-def feedback(p: torch.Tensor, u: torch.Tensor, lag: int, st: dict) -> torch.Tensor | None:
+KEYS = ("ef_buffer",)  # what EF holds across steps
+
+
+def feedback(p: torch.Tensor, u: torch.Tensor, lag: int, st: dict,
+             dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """EF for one parameter: ``x <- x_new + lag * (u_prev - u)`` with ``u = x_before - x_new``.
 
-    ``u`` holds ``x_before`` on entry and becomes the new buffer; returns the old buffer,
-    whose memory the caller may reuse.
+    ``u`` holds ``x_before`` on entry; it becomes the new buffer (a ``dtype`` copy of it when
+    ``dtype`` differs). Returns a tensor of ``u``'s shape and dtype whose memory the caller
+    may reuse, or None.
     """
     u.sub_(p)
     prev = st.get("ef_buffer")
     if prev is None:  # u_{-1} = 0
         p.sub_(u, alpha=lag)
-    else:
+    elif prev.dtype == u.dtype:
         p.add_(prev.sub_(u), alpha=lag)
-    st["ef_buffer"] = u
-    return prev
+    else:  # a low-precision buffer: widen it, then the same update
+        p.add_(prev.to(u.dtype).sub_(u), alpha=lag)
+    if dtype is None or dtype == u.dtype:
+        st["ef_buffer"] = u
+        return prev if prev is None or prev.dtype == u.dtype else None
+    st["ef_buffer"] = u.to(dtype)
+    return u
 
 
 def can_step_per_parameter(inner: Optimizer, param_groups, ef_lags: dict[int, int]) -> bool:
@@ -52,7 +66,8 @@ def can_step_per_parameter(inner: Optimizer, param_groups, ef_lags: dict[int, in
     return all(p.device.type == "cpu" for g in param_groups if id(g) in ef_lags for p in g["params"])
 
 
-def step_whole_model(inner: Optimizer, param_groups, ef_lags: dict[int, int], state) -> None:
+def step_whole_model(inner: Optimizer, param_groups, ef_lags: dict[int, int], state,
+                     dtype: torch.dtype | None = None) -> None:
     """Snapshot every EF parameter, one inner step, then the feedback: works for any inner."""
     ef_params = [
         (ef_lags[id(g)], p) for g in param_groups if id(g) in ef_lags
@@ -61,10 +76,11 @@ def step_whole_model(inner: Optimizer, param_groups, ef_lags: dict[int, int], st
     before = [p.detach().clone() for _, p in ef_params]
     inner.step()
     for (lag, p), u in zip(ef_params, before):
-        feedback(p, u, lag, state[p])
+        feedback(p, u, lag, state[p], dtype)
 
 
-def step_per_parameter(inner: Optimizer, ef_lags: dict[int, int], state) -> None:
+def step_per_parameter(inner: Optimizer, ef_lags: dict[int, int], state,
+                       dtype: torch.dtype | None = None) -> None:
     """The inner step and EF, one parameter at a time; equal to :func:`step_whole_model`.
 
     The snapshot of ``x_before`` is one parameter, not the model, and lives in the buffer
@@ -93,7 +109,7 @@ def step_per_parameter(inner: Optimizer, ef_lags: dict[int, int], state) -> None
                     u = spare.pop(key).copy_(p) if key in spare else p.detach().clone()
                     g["params"] = [p]
                     leaf.step()
-                    prev = feedback(p, u, ef_lags[id(g)], state[p])
+                    prev = feedback(p, u, ef_lags[id(g)], state[p], dtype)
                     if prev is not None:
                         spare[key] = prev
                 g["params"] = []

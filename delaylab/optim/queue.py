@@ -83,6 +83,15 @@ class DelayQueue:
             return False
         return not (self.sync_cooldown and k >= self.total_steps - self.sync_cooldown)
 
+    def ahead(self, gi: int) -> int | None:
+        """Updates the gradient of group ``gi``'s next call waits for before it is applied
+        (``tau`` once the queue is full, fewer while it fills, 0 undelayed); None when the
+        group is finished. What weight prediction extrapolates by."""
+        k = self.updates[gi]
+        if self.total_steps is not None and k >= self.total_steps:
+            return None
+        return min(self.queued[gi], self.delays[gi]) if self.delayed_phase(k) else 0
+
     def advance(self, gi: int, params: list[torch.Tensor], state) -> bool | None:
         """One call for group ``gi``: fill, or leave in ``p.grad`` the gradient to apply now.
 

@@ -18,7 +18,9 @@ SAMPLES = {
     "batch_size": ("8", 8), "grad_accum": ("3", 3), "optimizer": ("muon", "muon"), "lr": ("0.02", 0.02),
     "momentum": ("0.9", 0.9), "weight_decay": ("0.01", 0.01), "lr_schedule": ("wsd", "wsd"),
     "warmup": ("4", 4), "min_lr_ratio": ("0.2", 0.2), "wsd_decay": ("0.3", 0.3), "delay": ("3,2,1", [3, 2, 1]),
-    "correction": ("ef", "ef"), "dc_lambda": ("0.5", 0.5), "sync_start": ("2", 2), "sync_cooldown": ("1", 1),
+    "correction": ("ef", "ef"), "dc_lambda": ("0.5", 0.5), "dc_lambda0": ("1.5", 1.5), "dc_ms_decay": ("0.9", 0.9),
+    "lookahead_momentum": ("0.5", 0.5), "damping": ("2", 2.0), "ef_dtype": ("bfloat16", "bfloat16"),
+    "sync_start": ("2", 2), "sync_cooldown": ("1", 1),
     "schedule": ("pipedream", "pipedream"), "stages": ("3", 3), "timeout": ("9", 9.0), "steps": ("50", 50),
     "seed": ("7", 7), "eval_every": ("5", 5), "eval_batches": ("2", 2), "log_every": ("3", 3),
     "ckpt_every": ("0", 0), "device": ("cpu", "cpu"), "threads": ("2", 2), "progress": ("false", False),
@@ -75,6 +77,9 @@ def test_resolution_fills_what_the_engine_leaves_open(flat, engine, want):
     (dict(delay=[1, 0], stages=3), "simulator", "2 stage delays but stages=3"),
     (dict(correction="dc-asgd", delay=1), "pipeline", "supports correction none or ef"),
     (dict(sync_start=2, delay=1), "pipeline", "not supported by the pipeline"),
+    (dict(correction="ef", ef_dtype="bfloat16", delay=1), "pipeline", "simulator only"),
+    (dict(correction="dc-asgd-a", dc_ms_decay=1.0, delay=1), "simulator", "dc_ms_decay"),
+    (dict(correction="damp", damping=-1.0, delay=1), "simulator", "damping must be >= 0"),
     (dict(dtype="float64", device="cuda"), "simulator", "CUDA"),
     (dict(delay=[1, 0], tie_embeddings=True), "simulator", "per-stage delays need untied"),
 ])
@@ -99,3 +104,10 @@ def test_configs_of_earlier_versions_still_read(legacy, delay):
     """Flat configs with the ``mode`` switch (run folders made before the nested config)."""
     cfg = Config.from_dict({**legacy, "schedule": "wsd", "microbatches": 3})
     assert (cfg.delay.delay, cfg.lr_schedule.lr_schedule, cfg.data.grad_accum) == (delay, "wsd", 3)
+
+
+def test_the_simulator_offers_every_correction_of_the_wrapper():
+    from delaylab.llm.config import CORRECTIONS_BY_ENGINE
+    from delaylab.optim import CORRECTIONS
+
+    assert CORRECTIONS_BY_ENGINE["simulator"] == CORRECTIONS

@@ -15,7 +15,8 @@ def weights(trainer):
     return {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("opt,correction,delay", [("muon", "ef", 1), ("adamw", "dc-asgd", 2), ("adamw", "none", [1, 0])])
+@pytest.mark.parametrize("opt,correction,delay", [("muon", "ef", 1), ("adamw", "dc-asgd", 2), ("adamw", "none", [1, 0]),
+                                                 ("muon", "predict", 1)])
 def test_resume_is_bit_exact(quick, corpus, tmp_path, opt, correction, delay):
     cfg = quick(optimizer=opt, correction=correction, delay=delay, steps=12, eval_every=6)
     full = train(cfg, tmp_path / "full", dataset=corpus)
@@ -237,3 +238,28 @@ def test_third_party_optimizers_train_delayed_with_ef(quick, corpus, name):
         trainer.step()
     assert trainer.calls == 4
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_prediction_runs_the_forward_at_shifted_weights(quick, corpus):
+    """With --correction predict, a steady-state call's loss is the loss at x - tau * u_last,
+    and the weights come back before the update."""
+    trainer = Trainer(quick(correction="predict", delay=1, dtype="float64", device="cpu"), corpus)
+    for _ in range(3):
+        trainer.step()
+    model, opt = trainer.model, trainer.opt
+    x = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(opt.state[p]["u_last"])
+        xb, yb = trainer._rows(*trainer.data.batch(trainer.calls, 4, trainer.block, 0))
+        want = model(xb, yb)[1].item()
+        for n, p in model.named_parameters():
+            p.copy_(x[n])
+    assert trainer.step() == pytest.approx(want, rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("correction,ef_dtype,per_float", [("ef", "float32", 4), ("ef", "bfloat16", 2),
+                                                           ("predict", "float32", 4), ("damp", "float32", 0)])
+def test_summary_reports_the_corrector_bytes(quick, corpus, correction, ef_dtype, per_float):
+    s = train(quick(correction=correction, ef_dtype=ef_dtype, delay=1, steps=3, device="cpu"), dataset=corpus)
+    assert s["corrector_bytes"] == per_float * s["params"]

@@ -1,0 +1,214 @@
+"""The delay correctors against recursions written out by hand, in float64, on a quadratic.
+
+f_c(x) = x^T A x / 2 - b_c^T x with a coupled A and a batch term that changes with the call c.
+Call c's gradient is taken at the weights of that call (shifted by
+``Delayed.predicted_weights`` where the correction extrapolates); update k uses call k's gradient.
+"""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from delaylab.optim import Delayed, build_optimizer
+from delaylab.optim.dc_asgd import EPS
+
+D = 4
+A = np.array([[2.0, 0.5, 0.0, 0.3], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 1.0, 0.4], [0.3, 0.0, 0.4, 0.8]])
+B = np.random.default_rng(3).standard_normal((64, D))
+X0 = np.array([1.0, -2.0, 0.5, 1.5])
+LR, CALLS, TOL = 0.1, 24, 1e-12
+
+
+def grad(x, c):
+    return A @ x - B[c]
+
+
+def drive(correction, tau, calls=CALLS, **kw):
+    """SGD under Delayed on f_c; the iterate after each call."""
+    x = torch.tensor(X0, requires_grad=True)
+    opt = Delayed(torch.optim.SGD([x], lr=LR), tau, correction, **kw)
+    out = []
+    for c in range(calls):
+        before = x.detach().clone()
+        with opt.predicted_weights():
+            x.grad = torch.tensor(grad(x.detach().numpy(), c))
+        assert torch.equal(x.detach(), before)  # the shift is undone bit for bit
+        opt.step()
+        out.append(x.detach().numpy().copy())
+    return np.array(out), opt
+
+
+def by_hand(tau, calls=CALLS, at=lambda hist, j, k: hist[j], correct=lambda g, k, x, stale: g, lr=LR):
+    """x_{k+1} = x_k - lr * correct(grad(at(x_j), k)), j = max(0, k - tau); per call, as drive()."""
+    hist = [X0]
+    for k in range(calls - tau):
+        j = max(0, k - tau)
+        g = correct(grad(at(hist, j, k), k), k, hist[k], hist[j])
+        hist.append(hist[k] - lr * g)
+    return np.array([X0] * tau + hist[1:])
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_dc_asgd_a_is_zheng_et_al_adaptive_lambda(tau):
+    lam0, m = 0.7, 0.9
+    ms = {"s": np.zeros(D)}
+
+    def correct(g, k, x, stale):
+        ms["s"] = m * ms["s"] + (1 - m) * g * g
+        return g + lam0 / np.sqrt(ms["s"] + EPS) * g * g * (x - stale)
+
+    xs, opt = drive("dc-asgd-a", tau, dc_lambda0=lam0, dc_ms_decay=m)
+    np.testing.assert_allclose(xs, by_hand(tau, correct=correct), rtol=0, atol=TOL)
+    assert set(opt.state[opt.param_groups[0]["params"][0]]) == {"queue", "snapshots", "dc_ms"}
+
+
+def _u_last(hist, j):
+    return hist[j - 1] - hist[j] if j >= 1 else np.zeros(D)  # no update yet: no shift
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_weight_prediction_takes_the_gradient_at_x_minus_a_u_last(tau):
+    """a = min(k, tau): the updates call k's gradient waits for (fewer while the queue fills)."""
+    xs, _ = drive("predict", tau)
+    ref = by_hand(tau, at=lambda hist, j, k: hist[j] - min(k, tau) * _u_last(hist, j))
+    np.testing.assert_allclose(xs, ref, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_lookahead_takes_the_gradient_at_the_nesterov_point(tau):
+    gamma = 0.6
+    xs, _ = drive("lookahead", tau, lookahead_momentum=gamma)
+    ref = by_hand(tau, at=lambda hist, j, k: hist[j] - gamma * _u_last(hist, j))
+    np.testing.assert_allclose(xs, ref, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_damping_divides_the_lr_by_one_plus_c_tau(tau):
+    c = 0.5
+    xs, opt = drive("damp", tau, damping=c)
+    np.testing.assert_allclose(xs, by_hand(tau, lr=LR / (1 + c * tau)), rtol=0, atol=TOL)
+    assert opt.param_groups[0]["lr"] == LR  # the schedule's lr is restored after each update
+
+
+@pytest.mark.parametrize("correction,kw", [("dc-asgd-a", {}), ("predict", {}), ("lookahead", {}),
+                                           ("damp", {}), ("ef", {"ef_dtype": "bfloat16"})])
+def test_each_corrector_changes_the_delayed_trajectory(correction, kw):
+    plain, _ = drive("none", 1)
+    xs, _ = drive(correction, 1, **kw)
+    assert np.abs(xs - plain).max() > 1e-3
+    assert np.array_equal(xs[0], plain[0])  # the fill call makes no update either way
+
+
+def test_prediction_uses_the_update_after_the_optimizer_transform():
+    """u_last is x_before - x_after of the last update: for Muon, after orthogonalization."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    opt = Delayed(build_optimizer("muon", model, lr=0.02), 1, "predict")
+    for c in range(4):
+        before = [p.detach().clone() for p in model.parameters()]
+        (model(torch.randn(5, 6)).sin() ** 2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(opt.state[p]["u_last"], b - p.detach())
+
+
+def test_lookahead_and_prediction_do_not_shift_outside_a_delayed_phase():
+    xs, _ = drive("lookahead", 1, sync_start=5, total_steps=CALLS - 1)
+    sync, _ = drive("none", 1, sync_start=5, total_steps=CALLS - 1)
+    np.testing.assert_array_equal(xs[:6], sync[:6])  # 5 sync updates, then the fill call
+    assert np.abs(xs - sync).max() > 1e-3
+
+
+def test_ef_bfloat16_buffer_is_the_float32_update_with_u_rounded():
+    """x_{k+1} = x_k - 2 u_k + bf16(u_{k-1}): only the kept buffer is rounded."""
+    xs, opt = drive("ef", 1, ef_dtype="bfloat16")
+    hist, prev = [X0], np.zeros(D)
+    for k in range(CALLS - 1):
+        u = LR * grad(hist[max(0, k - 1)], k)
+        hist.append(hist[k] - 2 * u + prev)
+        prev = torch.tensor(u).to(torch.bfloat16).double().numpy()
+    np.testing.assert_allclose(xs, np.array([X0] + hist[1:]), rtol=0, atol=TOL)
+    buf = opt.state[opt.param_groups[0]["params"][0]]["ef_buffer"]
+    assert buf.dtype == torch.bfloat16
+    full, _ = drive("ef", 1)
+    assert 0 < np.abs(xs - full).max() < 1e-2  # rounding, not a different method
+
+
+def test_ef_bfloat16_per_parameter_path_equals_the_whole_model_path():
+    def run(whole):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        opt = Delayed(torch.optim.AdamW(model.parameters(), lr=0.01), 1, "ef", ef_dtype="bfloat16")
+        if whole:
+            opt._steps_per_param = lambda ef_lags: False
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            (model(torch.randn(5, 6, generator=gen)).sin() ** 2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(run(False), run(True)):
+        assert torch.equal(a, b)
+
+
+# Bytes held across steps by a 10x10 float32 weight (400 bytes) at tau = 2: the docs' table.
+MEMORY = {"none": 0, "ef": 400, "dc-asgd": 2 * 400, "dc-asgd-a": 3 * 400, "predict": 400,
+          "lookahead": 400, "damp": 0}
+
+
+@pytest.mark.parametrize("correction", MEMORY)
+def test_corrector_bytes(correction):
+    w = torch.randn(10, 10, requires_grad=True)
+    opt = Delayed(torch.optim.AdamW([w], lr=0.01), 2, correction)
+    for _ in range(5):
+        w.grad = torch.randn(10, 10)
+        opt.step()
+    assert opt.corrector_bytes() == MEMORY[correction]
+
+
+def test_ef_bfloat16_halves_the_ef_bytes():
+    w = torch.randn(10, 10, requires_grad=True)
+    opt = Delayed(torch.optim.AdamW([w], lr=0.01), 1, "ef", ef_dtype="bfloat16")
+    for _ in range(3):
+        w.grad = torch.randn(10, 10)
+        opt.step()
+    assert opt.corrector_bytes() == 200
+
+
+@pytest.mark.parametrize("correction", ["dc-asgd-a", "predict", "lookahead", "damp"])
+def test_resume_in_mid_run_is_bit_exact(correction):
+    def make(x):
+        return Delayed(torch.optim.AdamW([x], lr=0.05), 2, correction)
+
+    def run(opt, x, calls, start=0):
+        for c in range(start, start + calls):
+            with opt.predicted_weights():
+                x.grad = torch.tensor(grad(x.detach().numpy(), c))
+            opt.step()
+
+    x = torch.tensor(X0, requires_grad=True)
+    opt = make(x)
+    run(opt, x, 5)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    y = x.detach().clone().requires_grad_()
+    fresh = make(y)
+    fresh.load_state_dict(torch.load(buf, weights_only=False))
+    run(opt, x, 6, start=5)
+    run(fresh, y, 6, start=5)
+    assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(dc_ms_decay=1.0), "dc_ms_decay"), (dict(damping=-1.0), "damping"),
+                                    (dict(lookahead_momentum=-0.1), "lookahead_momentum"),
+                                    (dict(ef_dtype="float8"), "ef_dtype")])
+def test_bad_corrector_arguments_raise_config_errors(kw, msg):
+    from delaylab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=msg):
+        Delayed(torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1), 1, "none", **kw)
