@@ -45,7 +45,7 @@ def _show_schedule(cfg) -> int:
 
 def cmd_pipeline(args) -> int:
     from delaylab.llm.harness import require_folder
-    from delaylab.llm.pipeline.engine import check_world, run_rank
+    from delaylab.llm.pipeline.engine import check_parallel, run_rank
     from delaylab.llm.pipeline.launch import check_folder, train_pipeline
 
     if args.resume:
@@ -61,7 +61,7 @@ def cmd_pipeline(args) -> int:
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
     if _under_torchrun():
-        check_world(cfg, int(os.environ["WORLD_SIZE"]))  # P x D ranks, or one line and exit 2
+        check_parallel(cfg, int(os.environ["WORLD_SIZE"]))  # P x D ranks, or one line and exit 2
         check_folder(cfg, folder, bool(args.resume))
         summary = run_rank(cfg, folder, bool(args.resume), args.stop_at)
         if summary is not None:  # the last stage reports

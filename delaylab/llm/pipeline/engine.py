@@ -89,10 +89,13 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
         os._exit(1)  # no atexit hooks: destroying a broken process group can hang
 
 
-def check_world(cfg: Config, world: int) -> None:
-    """A world of exactly ``P x D`` ranks (one-line error otherwise, before any process group)."""
+def check_parallel(cfg: Config, world: int | None = None) -> None:
+    """A world of exactly ``P x D`` ranks (``world``: under torchrun), replicated stages; one-line errors."""
     P, D = cfg.parallel.stages, cfg.parallel.dp
-    if world != P * D:
+    if cfg.parallel.dp_shard:
+        raise ConfigError("--dp-shard (FSDP2) is for `delaylab llm train`: the pipeline replicates each stage "
+                          "(FSDP2 is not wired into its weight versions)")
+    if world is not None and world != P * D:
         raise ConfigError(f"{world} processes for {P} stages x {D} data-parallel replicas: start exactly "
                           f"P x D = {P * D} ranks" + ("" if world % P else f" (or give --dp {world // P})"))
 
@@ -100,7 +103,7 @@ def check_world(cfg: Config, world: int) -> None:
 def _run_rank(cfg: Config, out: Path, resume: bool, stop_at: int | None, rank: int) -> dict | None:
     cfg = cfg.resolved("pipeline")
     P, M, steps, D = cfg.parallel.stages, cfg.data.grad_accum, cfg.run.steps, cfg.parallel.dp
-    check_world(cfg, int(os.environ["WORLD_SIZE"]))
+    check_parallel(cfg, int(os.environ["WORLD_SIZE"]))
     torch.set_num_threads(cfg.run.threads or 1)
     device = cfg.torch_device(int(os.environ.get("LOCAL_RANK", rank)))
     if device.type == "cuda":

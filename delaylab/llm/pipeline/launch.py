@@ -22,7 +22,7 @@ from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.harness import CONFIG, RunFolder
 from delaylab.llm.pipeline import checkpoint
-from delaylab.llm.pipeline.engine import FAILURE, run_rank
+from delaylab.llm.pipeline.engine import FAILURE, check_parallel, run_rank
 
 
 class PipelineFailed(DelaylabError, RuntimeError):
@@ -75,7 +75,8 @@ def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
 
 
 def _check_devices(cfg: Config) -> None:
-    """One GPU per rank on this machine (the launcher starts every rank here)."""
+    """Replicated stages, and one GPU per rank on this machine (the launcher starts every rank here)."""
+    check_parallel(cfg)
     n = cfg.parallel.stages * cfg.parallel.dp
     if cfg.torch_device().type == "cuda" and torch.cuda.device_count() < n:
         raise ConfigError(f"{cfg.parallel.stages} stages x {cfg.parallel.dp} replicas need {n} GPUs, found "
