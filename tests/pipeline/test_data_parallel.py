@@ -66,6 +66,7 @@ def test_dp2_equals_the_simulator_on_the_whole_batch(dp_runs, name):
     assert summaries[name]["dp"] == 2 and summaries[name]["steps"] == 10
     assert all(v.dtype == torch.float64 for v in got.values())
     diff = max_abs_diff(got, reference_model(single(cfg)))
+    print(f"D=2 {name} vs the simulator: max |diff| {diff:.3g}")
     assert diff <= TOL, f"{name}: max |diff| {diff:.3g}"
     if cfg.model_config(256).tie_embeddings:  # summed per replica, averaged over replicas: still one matrix
         assert torch.equal(got["embed.tok.weight"], got["head.lm_head.weight"])
@@ -77,7 +78,9 @@ def test_dp2_2bw_equals_dp1_and_the_replicas_hold_identical_state(dp_runs, tmp_p
     name = "2bw-adamw-ef"
     one = train_pipeline(single(JOBS[name]), tmp_path / "dp1")
     assert one["dp"] == 1
-    assert max_abs_diff(load_model(root / name), load_model(tmp_path / "dp1")) <= TOL
+    diff = max_abs_diff(load_model(root / name), load_model(tmp_path / "dp1"))
+    print(f"D=2 vs D=1 {name}: max |diff| {diff:.3g}")
+    assert diff <= TOL
     # The training loss is the whole microbatch's (averaged over replicas): the same curve.
     d2 = [json.loads(line)["train_loss"] for line in open(root / name / "metrics.jsonl")]
     d1 = [json.loads(line)["train_loss"] for line in open(tmp_path / "dp1" / "metrics.jsonl")]
@@ -105,7 +108,9 @@ def test_dp2_pp3_pipedream_equals_per_stage_delays_2_1_0(tmp_path):
     assert summary["delay"] == [2, 1, 0] and summary["dp"] == 2
     assert all(len(set(d)) == 1 for d in summary["state_digests"])
     ref = single(cfg).replace(schedule=None, delay=[2, 1, 0]).resolved()  # the simulator's own flags
-    assert max_abs_diff(load_model(tmp_path / "pd"), reference_model(ref)) <= TOL
+    diff = max_abs_diff(load_model(tmp_path / "pd"), reference_model(ref))
+    print(f"D=2 P=3 pipedream vs the simulator with delays 2,1,0: max |diff| {diff:.3g}")
+    assert diff <= TOL
 
 
 @pytest.mark.timeout(300)
@@ -207,6 +212,7 @@ def test_bad_dp_flags_are_one_line_before_any_process(flags, message, tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_diverging_dp_run_stops_every_rank_before_the_update_and_keeps_its_checkpoints(tmp_path, capsys):
     out = tmp_path / "run"
