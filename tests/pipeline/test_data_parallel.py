@@ -228,3 +228,25 @@ def test_a_diverging_dp_run_stops_every_rank_before_the_update_and_keeps_its_che
     assert not (out / "summary.json").exists()
     # No stage applied update k (step k+1); the checkpoints before it are kept.
     assert steps_on_disk(out / "ckpt") and max(steps_on_disk(out / "ckpt")) <= k
+
+
+def test_blame_of_a_collective_waits_for_a_rank_that_saw_who_died():
+    """A failed all-reduce of more than two ranks cannot say which member died: it defers to a claim
+    that names one, and names no rank if none comes."""
+    from delaylab.llm.pipeline.p2p import _FAILED_KEY, PeerFailure, blame
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        vague = PeerFailure(None, "averaging the gradients of update 3 over ranks [0, 2, 4]", RuntimeError("reset"))
+        t0 = time.time()
+        who, why, ours = blame(0, vague, timeout_s=0.5)
+        assert (who, ours) == (None, True) and "over ranks [0, 2, 4]" in why
+        assert time.time() - t0 >= 0.5  # it waited for a better claim first
+        dist.distributed_c10d._get_default_store().delete_key(_FAILED_KEY)  # a new run
+        precise = PeerFailure(5, "receiving the gradient of microbatch 9 from rank 5", RuntimeError("reset"))
+        assert blame(1, precise, timeout_s=0.5)[:2] == (5, "seen by rank 1: receiving the gradient of microbatch 9 "
+                                                          "from rank 5 failed: reset")
+        who, why, ours = blame(0, vague, timeout_s=0.5)
+        assert (who, ours) == (5, False) and "seen by rank 1" in why
+    finally:
+        dist.destroy_process_group()
