@@ -1,7 +1,8 @@
 """`delaylab llm pipeline ...`: train a GPT on a real multi-process pipeline (registered by commands/llm.py).
 
-Spawns one rank per stage through torch's elastic launcher, or, when started by torchrun
-(``torchrun --nproc-per-node P -m delaylab llm pipeline --stages P ...``), runs the rank it is.
+Spawns one rank per stage and data-parallel replica (``--stages P --dp D``: P x D ranks) through
+torch's elastic launcher, or, when started by torchrun (``torchrun --nproc-per-node P*D -m delaylab
+llm pipeline --stages P ...``), runs the rank it is.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def _render(s: dict) -> str:
         return "n/a" if v is None else format(v, fmt)
 
     bubble = "" if s.get("bubble") is None else f"  bubble {s['bubble']:.1%}"
-    return (f"{s['schedule']} P={s['stages']} M={s['microbatches']} {s['optimizer']} delay {s['delay']} "
+    dp = f" D={s['dp']}" if s.get("dp", 1) > 1 else ""
+    return (f"{s['schedule']} P={s['stages']}{dp} M={s['microbatches']} {s['optimizer']} delay {s['delay']} "
             f"(correction {s['correction']}): val_loss {num(s['val_loss'], '.4f')}  train_loss "
             f"{num(s['train_loss'], '.4f')}  steps {s['steps']}  tokens {s['tokens']}  tokens/s "
             f"{num(s['tokens_per_s'], '.0f')}  s/batch {num(s['seconds_per_batch'], '.4f')}{bubble}")
@@ -43,7 +45,7 @@ def _show_schedule(cfg) -> int:
 
 def cmd_pipeline(args) -> int:
     from delaylab.llm.harness import require_folder
-    from delaylab.llm.pipeline.engine import run_rank
+    from delaylab.llm.pipeline.engine import check_parallel, run_rank
     from delaylab.llm.pipeline.launch import check_folder, train_pipeline
 
     if args.resume:
@@ -59,6 +61,7 @@ def cmd_pipeline(args) -> int:
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
     if _under_torchrun():
+        check_parallel(cfg, int(os.environ["WORLD_SIZE"]))  # P x D ranks, or one line and exit 2
         check_folder(cfg, folder, bool(args.resume))
         summary = run_rank(cfg, folder, bool(args.resume), args.stop_at)
         if summary is not None:  # the last stage reports
@@ -73,9 +76,10 @@ def register(llm_sub) -> None:
     p = llm_sub.add_parser(
         "pipeline", help="train on a real multi-process pipeline: 2bw, 1f1b, gpipe or pipedream",
         description="Train a GPT with one process per pipeline stage (gloo on CPU, NCCL on GPUs): the same "
-        "flags as `delaylab llm train`, which simulates the same run in one process. Writes config.json, "
-        "metrics.jsonl, summary.json, timeline.json/.png, model.pt and ckpt/ under --out. Under torchrun "
-        "(one process per stage) it runs the rank it is.",
+        "flags as `delaylab llm train`, which simulates the same run in one process; --dp D replicates "
+        "every stage D times (P x D processes). Writes config.json, metrics.jsonl, summary.json, "
+        "timeline.json/.png, model.pt and ckpt/ under --out. Under torchrun (P x D processes) it runs the "
+        "rank it is.",
     )
     add_config_flags(p)
     p.add_argument("--show-schedule", action="store_true",

@@ -66,4 +66,4 @@ def test_diverging_run_names_the_last_stage_and_exits_1(tmp_path, capsys):
     assert captured.out == ""
     assert "pipeline stopped: rank 1 failed (Diverged: loss is nan at update" in captured.err
     assert not (tmp_path / "run" / "summary.json").exists()
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["pipeline"] == "2bw"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["parallel"]["schedule"] == "2bw"

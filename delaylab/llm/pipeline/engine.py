@@ -2,7 +2,8 @@
 
 Each rank runs :func:`run_rank` (``launch.py`` spawns them through torch's elastic launcher;
 under ``torchrun``, ``delaylab llm pipeline`` calls it directly). Backend: NCCL when CUDA is
-available (one GPU per rank), else gloo.
+available (one GPU per rank), else gloo. With ``D`` data-parallel replicas the ``P * D`` ranks
+sit on a ``(D, P)`` device mesh (``mesh.py``: rank ``r`` is stage ``r % P`` of replica ``r // P``).
 
 Failure handling: the process group's timeout is ``timeout`` (60 s by default, not
 torch's 30 minutes). A rank whose peer dies sees the broken connection at its next
@@ -30,6 +31,7 @@ from delaylab.llm.harness import RunFolder, summary_base
 from delaylab.llm.model import GPT, autocast
 from delaylab.llm.pipeline import checkpoint
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
+from delaylab.llm.pipeline.mesh import build_mesh
 from delaylab.llm.pipeline.p2p import P2P, blame
 from delaylab.llm.pipeline.schedules import Schedule
 from delaylab.llm.pipeline.stages import Stage
@@ -70,7 +72,10 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
         if isinstance(err, KeyboardInterrupt) or not dist.is_initialized():
             raise
         who, why, ours = blame(rank, err)
-        lead = f"rank {rank} (stage {rank}) stopped: " + ("it failed" if who == rank else f"rank {who} failed")
+        par = cfg.resolved("pipeline").parallel  # it resolved before the process group existed
+        where = f"stage {rank % par.stages}" + (f", replica {rank // par.stages}" if par.dp > 1 else "")
+        culprit = "it failed" if who == rank else ("a rank failed" if who is None else f"rank {who} failed")
+        lead = f"rank {rank} ({where}) stopped: {culprit}"
         print(f"delaylab pipeline: {lead} ({why})", file=sys.stderr, flush=True)
         if ours:  # the launcher repeats the first failure in its own one-line error
             try:
@@ -84,12 +89,21 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
         os._exit(1)  # no atexit hooks: destroying a broken process group can hang
 
 
+def check_parallel(cfg: Config, world: int | None = None) -> None:
+    """A world of exactly ``P x D`` ranks (``world``: under torchrun), replicated stages; one-line errors."""
+    P, D = cfg.parallel.stages, cfg.parallel.dp
+    if cfg.parallel.dp_shard:
+        raise ConfigError("--dp-shard (FSDP2) is for `delaylab llm train`: the pipeline replicates each stage "
+                          "(FSDP2 is not wired into its weight versions)")
+    if world is not None and world != P * D:
+        raise ConfigError(f"{world} processes for {P} stages x {D} data-parallel replicas: start exactly "
+                          f"P x D = {P * D} ranks" + ("" if world % P else f" (or give --dp {world // P})"))
+
+
 def _run_rank(cfg: Config, out: Path, resume: bool, stop_at: int | None, rank: int) -> dict | None:
     cfg = cfg.resolved("pipeline")
-    P, M, steps = cfg.parallel.stages, cfg.data.grad_accum, cfg.run.steps
-    world = int(os.environ["WORLD_SIZE"])
-    if world != P:
-        raise ConfigError(f"{world} processes for {P} stages: start exactly one rank per stage")
+    P, M, steps, D = cfg.parallel.stages, cfg.data.grad_accum, cfg.run.steps, cfg.parallel.dp
+    check_parallel(cfg, int(os.environ["WORLD_SIZE"]))
     torch.set_num_threads(cfg.run.threads or 1)
     device = cfg.torch_device(int(os.environ.get("LOCAL_RANK", rank)))
     if device.type == "cuda":
@@ -100,66 +114,70 @@ def _run_rank(cfg: Config, out: Path, resume: bool, stop_at: int | None, rank: i
             "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.parallel.timeout),
             **({"device_id": device} if device.type == "cuda" else {}),
         )
-    last = rank == P - 1
-    run = RunFolder(cfg, out, writer=last, marks=("ckpt",))
+    d = cfg.data
+    data = load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)
+    model_cfg = cfg.model_config(data.vocab_size)
+    mesh = build_mesh(device.type, D, P, cfg.parallel.timeout, tied=model_cfg.tie_embeddings)
+    s, replica = mesh.s, mesh.d  # this rank is stage s of data-parallel replica `replica`
+    last = s == P - 1
+    lead = replica == 0  # replica 0 saves checkpoints and the model (every replica holds the same state)
+    writer = last and lead  # the one rank that writes the run folder
+    run = RunFolder(cfg, out, writer=writer, marks=("ckpt",))
     ckpt_root = out / "ckpt"
     start, ckpt = 0, None
     if resume:
         step = checkpoint.latest_complete(ckpt_root, P)
         if step is None:
             raise MissingFile(f"no complete pipeline checkpoint in {ckpt_root}")
-        ckpt = checkpoint.load_stage(ckpt_root, step, rank)
+        ckpt = checkpoint.load_stage(ckpt_root, step, s)
         run.check_same_run(ckpt["config"], ckpt_root)
         start = ckpt["step"]
     end = steps if stop_at is None else min(steps, stop_at)
     if start >= end:
         raise ConfigError(f"the checkpoint is at step {start}: nothing left to run (up to step {end})")
 
-    d = cfg.data
-    data = load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)
-    model_cfg = cfg.model_config(data.vocab_size)
     block = model_cfg.block_size
     torch.manual_seed(cfg.run.seed)  # every rank builds the same full model: the trainer's init
-    stage = Stage(GPT(model_cfg), rank, P).to(device=device, dtype=cfg.torch_dtype())
+    stage = Stage(GPT(model_cfg), s, P).to(device=device, dtype=cfg.torch_dtype())
     # The tied matrix lives on the first and the last stage; their gradients meet before each
-    # update (Megatron-LM's embedding group). Every rank calls new_group, members or not.
-    tied = dist.new_group([0, P - 1]) if model_cfg.tie_embeddings and P > 1 else None
-    tied = tied if rank in (0, P - 1) else None
+    # update (Megatron-LM's embedding group), in a group per replica.
+    tied = mesh.tied_group if s in (0, P - 1) else None
     schedule = Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start)
+    rows = slice(replica * d.batch_size // D, (replica + 1) * d.batch_size // D)  # this replica's 1/D
 
     def batch(n: int):
-        x, y = data.batch(n, d.batch_size, block, cfg.run.seed)
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = data.batch(n, d.batch_size, block, cfg.run.seed)  # the whole microbatch: (seed, n) alone
+        return x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
 
     tokens_per_update = M * d.batch_size * block
     run.open(ckpt.get("loop") if ckpt is not None else None, initial=start,
-             desc=f"{cfg.parallel.schedule} P={P} {cfg.optim.optimizer}")
+             desc=f"{cfg.parallel.schedule} P={P}{f' D={D}' if D > 1 else ''} {cfg.optim.optimizer}")
     clock = {"t0": 0.0}
 
     def on_update(k: int, loss: float | None) -> None:
         step = k + 1
-        if last:
+        if writer:
             run.add_loss(loss)
             run.advance()
             if step % cfg.run.log_every == 0 or step == end:
                 run.record(step, tokens=step * tokens_per_update, lr=ex.opt.param_groups[0]["lr"],
                            time=run.state["train_time"] + time.perf_counter() - clock["t0"])
-        if (cfg.run.ckpt_every and step % cfg.run.ckpt_every == 0) or step == end:
-            state = {"config": cfg.to_dict(), "step": step, "stage": rank, "executor": ex.state_dict(),
+        if lead and ((cfg.run.ckpt_every and step % cfg.run.ckpt_every == 0) or step == end):
+            state = {"config": cfg.to_dict(), "step": step, "stage": s, "executor": ex.state_dict(),
                      "rng": torch.get_rng_state()}
-            if last:
+            if writer:
                 state["loop"] = run.loop_state(time.perf_counter() - clock["t0"])
-            checkpoint.save_stage(ckpt_root, step, rank, state)
+            checkpoint.save_stage(ckpt_root, step, s, state)
 
-    shape = (d.batch_size, block, model_cfg.d_model)
+    shape = (d.batch_size // D, block, model_cfg.d_model)
     torch_runtime = cfg.parallel.schedule.startswith("torch-")
     extra = {"torch_schedule": cfg.parallel.schedule} if torch_runtime else {}
     ex = (TorchScheduleExecutor if torch_runtime else StageExecutor)(
-        stage, schedule, P2P(shape, cfg.torch_dtype(), device), **extra,
+        stage, schedule, P2P(shape, cfg.torch_dtype(), device, group=mesh.pp_group, ranks=mesh.stage_ranks), **extra,
         make_optimizer=optimizer_factory(cfg), lr_lambda=lambda k: lr_factor(k, cfg), batch=batch,
         amp=lambda: autocast(device), on_update=on_update,
         seed_for=(lambda n: cfg.run.seed * 1_000_003 + n * 7919 + rank) if model_cfg.dropout > 0 else None,
-        sync_timing=device.type == "cuda", tied_group=tied,
+        sync_timing=device.type == "cuda", tied_group=tied, dp_group=mesh.dp_group if D > 1 else None,
     )
     if ckpt is not None:
         ex.load_state_dict(ckpt["executor"])
@@ -178,23 +196,26 @@ def _run_rank(cfg: Config, out: Path, resume: bool, stop_at: int | None, rank: i
     wall = time.perf_counter() - clock["t0"]
     cpu1, busy1 = time.process_time(), _machine_busy_seconds()
     train_time = run.state["train_time"] + wall
-    val = [(x.to(device), y.to(device)) for x, y in data.val_batches(cfg.run.eval_batches, d.batch_size, block)]
+    val = [(x[rows].to(device), y[rows].to(device))
+           for x, y in data.val_batches(cfg.run.eval_batches, d.batch_size, block)]
     val_loss = ex.evaluate(val)
 
     model_dir = out / "model"
-    model_dir.mkdir(parents=True, exist_ok=True)
-    save_torch(ex.newest.state_dict(), model_dir / f"stage_{rank}.pt")
+    if lead:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        save_torch(ex.newest.state_dict(), model_dir / f"stage_{s}.pt")
     info = {
-        "rank": rank, "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
+        "rank": rank, "stage": s, "replica": replica, "digest": state_digest(ex.state_dict()),
+        "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
         "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "max_in_flight": ex.max_in_flight, "slots": len(ex.slots), "cpu_s": cpu1 - cpu0, "wall_s": wall,
         "machine_busy_s": None if busy0 is None else busy1 - busy0,
         "params": sum(p.numel() for p in stage.parameters()),
     }
-    gathered = [None] * P if last else None
-    dist.gather_object(info, gathered, dst=P - 1)
+    gathered = [None] * (P * D) if writer else None
+    dist.gather_object(info, gathered, dst=int(mesh.device_mesh.mesh[0, -1]))  # to the writer
     summary = None
-    if last:
+    if writer:
         summary = _finish(cfg, run, gathered, start, end, train_time, val_loss, tokens_per_update, str(device))
     dist.barrier()  # the merged model exists before any rank returns
     if own_group:
@@ -225,8 +246,8 @@ def _foreign_cpu(ranks: list[dict]) -> float | None:
 
 def _finish(cfg: Config, run: RunFolder, gathered, start, end, train_time, val_loss, tokens_per_update,
             device) -> dict:
-    """Last stage: merge the model, write timeline, figure and summary."""
-    P, M, out = cfg.parallel.stages, cfg.data.grad_accum, run.out
+    """The writer (last stage of replica 0): merge the model, write timeline, figure and summary."""
+    P, M, D, out = cfg.parallel.stages, cfg.data.grad_accum, cfg.parallel.dp, run.out
     model_dir = out / "model"
     merged = {}
     for s in range(P):
@@ -236,7 +257,8 @@ def _finish(cfg: Config, run: RunFolder, gathered, start, end, train_time, val_l
         (model_dir / f"stage_{s}.pt").unlink()
     model_dir.rmdir()
 
-    ranks = sorted(gathered, key=lambda g: g["rank"])
+    everyone = sorted(gathered, key=lambda g: g["rank"])
+    ranks = [g for g in everyone if g["replica"] == 0]  # one per stage, in stage order
     events = [[Event(**e) for e in g["events"]] for g in ranks]
     timeline = Timeline(events)
     write_json(out / "timeline.json", {"stages": P, "events": timeline.to_list()})
@@ -260,10 +282,38 @@ def _finish(cfg: Config, run: RunFolder, gathered, start, end, train_time, val_l
         "tokens": tokens, "tokens_per_s": steps_run * tokens_per_update / max(train_time, 1e-9),
         "train_time_s": train_time, **summary_base(cfg), "engine": "pipeline",
         "seconds_per_batch": steady["seconds_per_batch"], "bubble": steady["bubble"],
-        "idle_fraction": steady["idle_fraction"], "params": sum(g["params"] for g in gathered), "device": device,
+        "idle_fraction": steady["idle_fraction"], "params": sum(g["params"] for g in ranks), "device": device,
         "backend": dist.get_backend(), "resumed_from": start or None,
         "memory_bytes": [g["memory"] for g in ranks],
         "cuda_peak_bytes": [g["cuda_peak_bytes"] for g in ranks] if device.startswith("cuda") else None,
         "max_in_flight": [g["max_in_flight"] for g in ranks],
-        "foreign_cpu_cores": _foreign_cpu(ranks), "cpu_cores": os.cpu_count(),
+        "foreign_cpu_cores": _foreign_cpu(everyone), "cpu_cores": os.cpu_count(),
+        "dp": D,
+        # Per stage, the digest of each replica's weights and optimizer state: all equal, or the
+        # replicas drifted apart (which is why replica 0's checkpoint can stand for all of them).
+        "state_digests": [[g["digest"] for g in everyone if g["stage"] == st] for st in range(P)],
     })
+
+
+def state_digest(obj) -> str:
+    """A SHA-256 of a state dict's tensors (bytes) and other values, for comparing replicas."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            h.update(f"{o.dtype}{tuple(o.shape)}".encode())
+            h.update(o.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, dict):
+            for k in sorted(o, key=repr):
+                h.update(repr(k).encode())
+                walk(o[k])
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+        else:
+            h.update(repr(o).encode())
+
+    walk(obj)
+    return h.hexdigest()

@@ -17,6 +17,11 @@ accumulates into that slot's ``.grad``. Update ``k`` (gradient of group ``k``, t
 
 So the optimizer state follows the newest weights, and ``V_{k+1} = V_k - u_k(g_k(V_{k-tau}))``
 is computed with the same tensor ops as ``delaylab.optim.Delayed`` in one process.
+
+Data parallel (``dp_group``): each of the stage's ``D`` replicas runs the same action list on its
+``1/D`` of every microbatch; before step 2 the replicas average ``g_k`` (one all-reduce of a flat
+buffer), so every replica applies the update of the full microbatches and their weights and
+optimizer state stay identical. The last stage averages each group's loss the same way.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import time
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from delaylab.llm.model import lm_loss
-from delaylab.llm.pipeline.p2p import P2P
+from delaylab.llm.pipeline.p2p import P2P, all_reduce
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
@@ -65,6 +71,7 @@ class StageExecutor:
         sync_timing: bool = False,
         record_updates: int = 100,
         tied_group=None,
+        dp_group=None,
     ):
         self.stage, self.schedule, self.p2p = stage, schedule, p2p
         self.index = stage.index
@@ -80,6 +87,7 @@ class StageExecutor:
         self.events: list[Event] = []
         self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._loss_sum: dict[int, torch.Tensor] = {}
+        self._losses: dict[int, float] = {}  # group -> mean loss of its full microbatches (last stage)
         self.max_in_flight = 0
         self.activation_bytes = 0  # what autograd keeps of one microbatch's forward
         self._measured = False
@@ -87,6 +95,10 @@ class StageExecutor:
         # the other holder's (the first or the last stage) over ``tied_group`` before each update.
         self.tied_group = tied_group
         self._tied_name = stage.tied_name() if tied_group is not None else None
+        # Data parallel: this stage's replicas; None with one replica (nothing to average).
+        self.dp_group = dp_group
+        self.dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+        self._flat: torch.Tensor | None = None  # the all-reduce buffer, one gradient's size
 
     # -- the interpreter ------------------------------------------------------------------------
     def run(self) -> None:
@@ -142,7 +154,7 @@ class StageExecutor:
             # The group's loss is complete: check it before its last gradient leaves this
             # stage, so no stage can apply the update (one host sync per batch).
             k = self.schedule.group(a.n)
-            loss = float(self._loss_sum[k]) / M
+            loss = self._group_loss(k)  # the same on every replica: they all stop here together
             if not math.isfinite(loss):
                 raise Diverged(f"loss is {loss} at update {k}")
         if self.stage.last:
@@ -151,8 +163,28 @@ class StageExecutor:
             out.backward(received.to(out.dtype))
         return x.grad if a.send is not None else None
 
+    def _group_loss(self, k: int) -> float:
+        """Group ``k``'s mean loss (last stage), over the full microbatches: averaged over replicas."""
+        total = self._loss_sum.pop(k)
+        if self.dp_group is not None:
+            total = all_reduce(total.reshape(1).clone(), self.dp_group, f"averaging the loss of update {k}")[0]
+            total = total / self.dp
+        self._losses[k] = float(total) / self.schedule.microbatches
+        return self._losses[k]
+
+    def _average_over_replicas(self, module: nn.Module, k: int) -> None:
+        """Replace each gradient by its mean over the stage's replicas: one flat all-reduce."""
+        grads = [p.grad for p in module.parameters() if p.grad is not None]  # the same set on every replica
+        if self._flat is None:
+            self._flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
+        torch.cat([g.reshape(-1) for g in grads], out=self._flat)
+        all_reduce(self._flat, self.dp_group, f"averaging the gradients of update {k}")
+        self._flat.div_(self.dp)  # gloo has no AVG: sum, then divide
+        views = self._flat.split([g.numel() for g in grads])
+        torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(views, grads)])
+
     def _update(self, k: int) -> None:
-        loss = float(self._loss_sum.pop(k)) / self.schedule.microbatches if self.stage.last else None
+        loss = self._losses.pop(k) if self.stage.last else None
         n = len(self.slots)
         target = self.slots[(k + 1) % n]  # holds V_{k-tau} and g_k
         if n > 1:
@@ -161,11 +193,12 @@ class StageExecutor:
                 torch._foreach_copy_(list(target.parameters()), list(base.parameters()))
             params = dict(target.named_parameters())
             retarget(self.opt, [params[name] for name in self._order])
+        if self.dp_group is not None:
+            self._average_over_replicas(target, k)
         if self.tied_group is not None:
-            import torch.distributed as dist
-
+            # After the replica average: every holder then sums the same two averaged matrices.
             grad = dict(target.named_parameters())[self._tied_name].grad
-            dist.all_reduce(grad, group=self.tied_group)  # embedding + head gradient, on both
+            all_reduce(grad, self.tied_group, f"summing the tied embedding's gradient of update {k}")
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
@@ -213,6 +246,7 @@ class StageExecutor:
             "grads": sum(p.nbytes for p in self.stage.parameters()),
             "optimizer": tensor_bytes(self.opt.state_dict()),
             "activations": self.max_in_flight * self.activation_bytes if self._measured else None,
+            "dp_buffer": self._flat.nbytes if self._flat is not None else 0,
         }
         out["total"] = sum(v for v in out.values() if v is not None)
         return out
@@ -239,7 +273,15 @@ class StageExecutor:
                 self.p2p.post((out.to(self.p2p.dtype), s + 1, "F", -1 - i), None)
         self.p2p.flush()
         model.train()
-        return sum(losses) / len(losses) if last and losses else None
+        if not (last and losses):
+            return None
+        mean = sum(losses) / len(losses)  # this replica's slices
+        if self.dp_group is not None:
+            device = next(model.parameters()).device
+            total = all_reduce(torch.tensor([mean], dtype=torch.float64, device=device), self.dp_group,
+                               "averaging the validation loss")
+            mean = float(total[0]) / self.dp
+        return mean
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -295,7 +337,7 @@ class TorchScheduleExecutor(StageExecutor):
         M = sch.microbatches
         device = next(st.parameters()).device
         cls = {"torch-1f1b": Schedule1F1B, "torch-gpipe": ScheduleGPipe}[self.torch_schedule]
-        runner = cls(PipelineStage(st, st.index, st.stages, device), M,
+        runner = cls(PipelineStage(st, st.index, st.stages, device, group=self.p2p.group), M,
                      loss_fn=lambda out, y: lm_loss(out, y) / M, scale_grads=False)
         for b in sch.updates():
             t0 = self._clock()
@@ -309,8 +351,9 @@ class TorchScheduleExecutor(StageExecutor):
                     losses: list[torch.Tensor] = []
                     runner.step(target=torch.cat([y for _, y in data]), losses=losses)
                     self._loss_sum[b] = sum(loss.detach() for loss in losses) * M
-                    if not math.isfinite(float(self._loss_sum[b])):  # too late to stop the others
-                        raise Diverged(f"loss is {float(self._loss_sum[b]) / M} at update {b}")
+                    loss = self._group_loss(b)
+                    if not math.isfinite(loss):  # too late to stop the others
+                        raise Diverged(f"loss is {loss} at update {b}")
                 else:
                     runner.step()
             self._update(b)

@@ -1,4 +1,5 @@
-"""Starting the ranks: torch's elastic launcher (the API behind ``torchrun``), one process per stage.
+"""Starting the ranks: torch's elastic launcher (the API behind ``torchrun``), one process per stage
+and data-parallel replica (``P x D``; rank ``r`` is stage ``r % P`` of replica ``r // P``).
 
 ``train_pipeline(cfg, out)`` runs one configuration and returns the last stage's summary;
 ``run_jobs`` runs several back to back in the same ranks (one start-up for all: tests and
@@ -21,7 +22,7 @@ from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.harness import CONFIG, RunFolder
 from delaylab.llm.pipeline import checkpoint
-from delaylab.llm.pipeline.engine import FAILURE, run_rank
+from delaylab.llm.pipeline.engine import FAILURE, check_parallel, run_rank
 
 
 class PipelineFailed(DelaylabError, RuntimeError):
@@ -55,21 +56,31 @@ def _load_data(cfg: Config) -> None:
 def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
     """Run several pipeline runs back to back in one set of ranks (one start-up for all).
 
-    Every job needs the same number of stages; returns their summaries in order.
+    Every job needs the same number of stages and replicas; returns their summaries in order.
     """
     if not jobs:
         return []
     jobs = [(cfg.resolved("pipeline"), out) for cfg, out in jobs]
-    stages = {cfg.parallel.stages for cfg, _ in jobs}
-    if len(stages) != 1:
-        raise ConfigError(f"run_jobs needs one stage count for all jobs, got {sorted(stages)}")
+    shapes = {(cfg.parallel.stages, cfg.parallel.dp) for cfg, _ in jobs}
+    if len(shapes) != 1:
+        raise ConfigError(f"run_jobs needs one (stages, dp) for all jobs, got {sorted(shapes)}")
     for cfg, out in jobs:
         check_folder(cfg, out, resume=False)
+        _check_devices(cfg)
         _load_data(cfg)
         Path(out).mkdir(parents=True, exist_ok=True)
-    P = stages.pop()
-    results = launch(_entry_jobs, P, [(cfg.to_dict(), str(out), False) for cfg, out in jobs])
-    return results[P - 1]
+    P, D = shapes.pop()
+    results = launch(_entry_jobs, P * D, [(cfg.to_dict(), str(out), False) for cfg, out in jobs])
+    return results[P - 1]  # the writer: the last stage of replica 0
+
+
+def _check_devices(cfg: Config) -> None:
+    """Replicated stages, and one GPU per rank on this machine (the launcher starts every rank here)."""
+    check_parallel(cfg)
+    n = cfg.parallel.stages * cfg.parallel.dp
+    if cfg.torch_device().type == "cuda" and torch.cuda.device_count() < n:
+        raise ConfigError(f"{cfg.parallel.stages} stages x {cfg.parallel.dp} replicas need {n} GPUs, found "
+                          f"{torch.cuda.device_count()} (or use --device cpu)")
 
 
 def check_folder(cfg: Config, out: str | os.PathLike, resume: bool) -> None:
@@ -87,7 +98,7 @@ def check_folder(cfg: Config, out: str | os.PathLike, resume: bool) -> None:
 
 def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
                    stop_at: int | None = None) -> dict:
-    """Spawn one process per stage, run ``cfg`` and return the summary (also in ``out/summary.json``).
+    """Spawn one process per stage and replica, run ``cfg``, return the summary (also in ``out/summary.json``).
 
     Bad configurations raise :class:`ConfigError` here, before any process starts; a failed rank
     raises :class:`PipelineFailed` naming it. ``resume`` and ``stop_at``: see :func:`run_rank`.
@@ -96,18 +107,20 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     if stop_at is not None and stop_at < 1:
         raise ConfigError(f"stop_at must be >= 1, got {stop_at}")
     check_folder(cfg, out, resume)
+    _check_devices(cfg)
     _load_data(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / FAILURE).unlink(missing_ok=True)
     try:
-        results = launch(_entry, cfg.parallel.stages, cfg.to_dict(), str(out), resume, stop_at)
+        results = launch(_entry, cfg.parallel.stages * cfg.parallel.dp, cfg.to_dict(), str(out), resume, stop_at)
     except PipelineFailed as err:
         if (out / FAILURE).is_file():
             first = json.loads((out / FAILURE).read_text())
-            raise PipelineFailed(f"pipeline stopped: rank {first['rank']} failed ({first['reason']})") from None
+            who = "a rank" if first["rank"] is None else f"rank {first['rank']}"
+            raise PipelineFailed(f"pipeline stopped: {who} failed ({first['reason']})") from None
         raise err from None
-    return results[cfg.parallel.stages - 1]
+    return results[cfg.parallel.stages - 1]  # the writer: the last stage of replica 0
 
 
 def launch(fn, nprocs: int, *args) -> dict:

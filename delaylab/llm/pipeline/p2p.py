@@ -56,23 +56,35 @@ def _name(kind: str, n: int) -> str:
 
 
 class P2P:
-    """Sends and receives of fixed-shape tensors between neighbour ranks of the default group."""
+    """Sends and receives of fixed-shape tensors between neighbour stages of one pipeline.
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, max_outstanding: int = 8):
+    Callers name stages; ``ranks[s]`` is stage ``s``'s global rank and ``group`` the pipeline's
+    process group (a data-parallel run has one pipeline per replica: its row of the mesh).
+    By default the stages are the ranks of the default group.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, max_outstanding: int = 8,
+                 *, group=None, ranks: list[int] | None = None):
         self.shape, self.dtype, self.device = tuple(shape), dtype, device
         self.max_outstanding = max_outstanding
+        self.group, self.ranks = group, ranks
         self._sends: deque = deque()  # (work, tensor kept alive, peer, what)
 
+    def rank_of(self, stage: int) -> int:
+        return stage if self.ranks is None else self.ranks[stage]
+
     def post(self, send: tuple[torch.Tensor, int, str, int] | None, recv: tuple[int, str, int] | None) -> Pending | None:
-        """Issue ``send = (tensor, dst, kind, n)`` and ``recv = (src, kind, n)`` as one batch."""
+        """Issue ``send = (tensor, dst stage, kind, n)`` and ``recv = (src stage, kind, n)`` as one batch."""
         ops, buf = [], None
         if send is not None:
             tensor, dst, kind, n = send
-            ops.append(dist.P2POp(dist.isend, tensor, dst, tag=TAGS[kind]))
+            dst = self.rank_of(dst)
+            ops.append(dist.P2POp(dist.isend, tensor, dst, group=self.group, tag=TAGS[kind]))
         if recv is not None:
             src, rkind, rn = recv
+            src = self.rank_of(src)
             buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-            ops.append(dist.P2POp(dist.irecv, buf, src, tag=TAGS[rkind]))
+            ops.append(dist.P2POp(dist.irecv, buf, src, group=self.group, tag=TAGS[rkind]))
         if not ops:
             return None
         works = dist.batch_isend_irecv(ops)
@@ -109,14 +121,32 @@ def _wait(work, peer: int, what: str) -> None:
         raise PeerFailure(peer, what, err) from err
 
 
-def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int, str, bool]:
+def all_reduce(tensor: torch.Tensor, group, what: str) -> torch.Tensor:
+    """``dist.all_reduce`` (sum) over ``group``; a failure becomes a :class:`PeerFailure`.
+
+    Its peer is the other member of a two-rank group; in a larger group the error does not
+    say which member died (``peer`` is ``None``), and :func:`blame` waits for a rank that knows.
+    """
+    try:
+        dist.all_reduce(tensor, group=group)
+    except Exception as err:
+        members = dist.get_process_group_ranks(group)
+        others = [r for r in members if r != dist.get_rank()]
+        raise PeerFailure(others[0] if len(others) == 1 else None,
+                          f"{what} over ranks {members}", err) from err
+    return tensor
+
+
+def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int | None, str, bool]:
     """The first failure of the run as ``(rank, reason, ours)``, recording ours if it is the first.
 
     A rank that loses a neighbour blames the neighbour; a rank whose own code failed blames
     itself. The first claim in the process group's store wins, so a rank two hops away from
     a dead one (whose neighbour exited because of it) still names the rank that died. Without
-    a reachable store (it lived in a dead rank) the rank blames what it saw itself.
+    a reachable store (it lived in a dead rank) the rank blames what it saw itself. ``rank`` is
+    ``None`` when only a collective of more than two ranks saw the failure and no rank named it.
     """
+    vague = isinstance(err, PeerFailure) and err.peer is None
     if isinstance(err, PeerFailure):
         mine = (err.peer, f"seen by rank {rank}: {err}")
     else:
@@ -124,9 +154,14 @@ def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int, s
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(timedelta(seconds=timeout_s))
-        claim = f"{mine[0]}|{mine[1]}"
+        if vague:  # a collective of more than two ranks failed: a rank that saw who died will say
+            try:
+                store.wait([_FAILED_KEY])
+            except Exception:  # nobody did within timeout_s: name the group instead
+                pass
+        claim = f"{'?' if mine[0] is None else mine[0]}|{mine[1]}"
         won = store.compare_set(_FAILED_KEY, "", claim).decode()
         who, _, why = won.partition("|")
-        return int(who), why, won == claim
+        return (None if who == "?" else int(who)), why, won == claim
     except Exception:
         return (*mine, True)
