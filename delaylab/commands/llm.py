@@ -68,20 +68,64 @@ def _per_optimizer(values: list[str] | None, flag: str, lower: float, upper: flo
 
 
 def _render_gaps(g: dict) -> str:
-    def f(v, fmt=".4f"):
-        return "   n/a" if v is None else format(v, fmt)
+    from delaylab.llm.metrics import fmt_overhead
 
-    lines = [f"{'optimizer':<9} {'lr':>8} {'mom':>5}  {'sync':>7} {'delayed':>8} {'gap':>7} {'±':>6}"
-             f" {'ef':>7} {'EF %':>6}"]
+    def f(v, fmt=".4f"):
+        return "n/a" if v is None else format(v, fmt)
+
+    def ci(s, fmt="+.3f"):
+        c = (s or {}).get("ci_t")
+        return "n/a" if c is None else f"[{format(c[0], fmt)},{format(c[1], fmt)}]"
+
+    fixes = [m for m in ("ef", "dc-asgd") if any(m in r for r in g["grid"])]
+    others = [m for m in ("delayed", *fixes) if any(m in r.get("overhead", {}) for r in g["grid"])]
+    head = (f"{'optimizer':<9} {'lr':>8} {'mom':>5}  {'sync':>7} {'delayed':>8} {'gap':>7} {'±':>6} {'gap 95% t':>17}"
+            + "".join(f" {m:>7} {m + ' %':>9} {'95% boot':>12}" for m in fixes)
+            + "".join(f" {'tok× ' + m:>12}" for m in others))
+    lines = [head]
     for row in g["grid"]:
         gap = row.get("gap", {})
-        lines.append(
-            f"{row['optimizer']:<9} {row['lr']:>8g} {'' if row['momentum'] is None else row['momentum']:>5}"
-            f"  {f(row.get('sync', {}).get('mean'))} {f(row.get('delayed', {}).get('mean')):>8}"
-            f" {f(gap.get('mean'), '+.4f'):>7} {f(gap.get('std'), '.3f'):>6}"
-            f" {f(row.get('ef', {}).get('mean')):>7} {f(row.get('ef_recovered_pct', {}).get('of_mean_gap'), '.0f'):>6}")
+        line = (f"{row['optimizer']:<9} {row['lr']:>8g} {'' if row['momentum'] is None else row['momentum']:>5}"
+                f"  {f(row.get('sync', {}).get('mean')):>7} {f(row.get('delayed', {}).get('mean')):>8}"
+                f" {f(gap.get('mean'), '+.4f'):>7} {f(gap.get('std'), '.3f'):>6} {ci(gap):>17}")
+        for m in fixes:
+            rec = row.get(f"{m}_recovered_pct", {})
+            pct = f(rec.get("ratio_of_means"), ".0f") + ("*" if rec.get("unstable") else "")
+            boot = rec.get("ci_boot")
+            line += (f" {f(row.get(m, {}).get('mean')):>7} {pct:>9}"
+                     f" {'n/a' if boot is None else f'[{boot[0]:.0f},{boot[1]:.0f}]':>12}")
+        for m in others:
+            line += f" {fmt_overhead(row.get('overhead', {}).get(m)):>12}"
+        lines.append(line)
+    if fixes:
+        lines.append("% of the gap recovered: ratio of means over seeds; * unstable (the gap's 95% t interval "
+                     "contains 0); 95% boot: paired bootstrap over seeds")
+    if others:
+        lines.append("tok× MODE: iso-loss token overhead, tokens MODE needs to reach sync's final val loss / sync's "
+                     "tokens (mean over seeds; > x: not reached, a lower bound)")
+    diag = [r for r in g["grid"] if "diagnostics" in r]
+    if diag:
+        modes = [m for m in ("sync", "delayed", *fixes) if any(m in r["diagnostics"] for r in diag)]
+        lines.append("")
+        lines.append(f"{'optimizer':<9} {'lr':>8} {'mom':>5} "
+                     + "".join(f" {'spike ' + m:>14} {'exit ' + m:>12}" for m in modes))
+        for row in diag:
+            line = f"{row['optimizer']:<9} {row['lr']:>8g} {'' if row['momentum'] is None else row['momentum']:>5} "
+            for m in modes:
+                d = row["diagnostics"].get(m)
+                if d is None:
+                    line += f" {'':>14} {'':>12}"
+                    continue
+                left = sum(bool(x) for x in d["plateau_left"])
+                exit_ = f(d["plateau_exit"]["median"], ".0f") + f" ({left}/{len(d['plateau_left'])})"
+                line += f" {f(d['spike']['mean'], '.3f'):>14} {exit_:>12}"
+            lines.append(line)
+        lines.append("spike: largest rise of the train loss above its running minimum after warmup (nats, mean over "
+                     "seeds); exit: update at which the smoothed train loss is 0.1 below its end-of-warmup level "
+                     "(median over the seeds that left; in parentheses how many did)")
     best = ", ".join(f"{k} lr {v['lr']:g}" for k, v in g["best"].items())
     lines.append(f"best sync lr: {best}; figures: {', '.join(g['figures']) or 'none'}")
+    lines += [f"warning: {w}" for w in g.get("warnings", [])]
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@ run never overwrites another), the compatibility check on resume (a checkpoint c
 the config that made it), ``config.json``, ``metrics.jsonl`` (truncated on resume to what the
 checkpoint had logged, so a resumed run's file equals an uninterrupted one's), the optional
 TensorBoard / W&B mirror of the metrics, the progress bar, the training-loss window, the
-summary and the divergence stop (a ``diverged`` summary, the last good checkpoint kept).
+summary (with the regime diagnostics of :mod:`delaylab.llm.metrics`) and the divergence stop (a
+``diverged`` summary, the last good checkpoint kept).
 
 Where the checkpoints live is the engine's business (one file for the simulator, one per
 stage and step for the pipeline); the engine tells the folder which names mark a run.
@@ -127,8 +128,18 @@ class RunFolder:
     # -- the end ------------------------------------------------------------------------------------
     def finish(self, summary: dict) -> dict:
         if self.writer and summary["status"] == "finished":
+            summary = {**summary, "diagnostics": self.diagnostics()}
             write_json(self.out / SUMMARY, summary)
         return summary
+
+    def diagnostics(self) -> dict | None:
+        """The loss spike and the plateau exit after warmup (:func:`delaylab.llm.metrics.diagnostics`)
+        of the metrics written so far; None where the lines carry no lr to place the warmup."""
+        from delaylab.llm import metrics
+
+        path = self.out / METRICS
+        recs = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        return metrics.diagnostics(recs) if any("lr" in r for r in recs) else None
 
     def diverged(self, err: Exception | str, steps: int, checkpoint: Path | None) -> Diverged:
         """The error to raise for a NaN/inf loss; writes the ``diverged`` summary."""

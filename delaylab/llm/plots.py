@@ -1,4 +1,5 @@
-"""Figures of a sweep, in the style of the paper: loss curves, gap vs momentum, loss vs peak lr.
+"""Figures of a sweep, in the style of the paper: loss curves, iso-loss crossings, gap vs momentum,
+loss vs peak lr.
 
 Each function draws on ``ax`` (a new figure when ``None``) and returns the figure; nothing
 here calls ``plt.show()``. Inputs are the plain dicts that :mod:`delaylab.llm.sweep` writes.
@@ -39,6 +40,40 @@ def loss_curves(curves: dict, title: str = "", ax=None):
         last = max(v[len(v) // 10] for _, v in curves.values() if v)
         ax.set_ylim(lo - 0.05, max(last, lo + 0.2))  # the informative part, not the first steps
         ax.legend(frameon=False)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def iso_loss(curves: dict, title: str = "", ax=None):
+    """``curves[mode] = (tokens, val_loss, overhead)`` for one optimizer, ``overhead`` the dict of
+    :func:`delaylab.llm.metrics.iso_loss_overhead` against sync (None for sync): sync's final
+    loss as a line, each run's crossing of it as a dot (an arrow past the end where it never
+    crosses), the overhead in the legend."""
+    from delaylab.llm.metrics import fmt_overhead
+
+    fig, ax = _axes(ax)
+    target = None
+    for mode, (tokens, loss, o) in curves.items():
+        label = mode if o is None else f"{mode}: {fmt_overhead(o)}x tokens"
+        line, = ax.plot(tokens, loss, marker=".", ms=4, lw=1.3, label=label, **MODE_STYLE.get(mode, {}))
+        if o is None:
+            continue
+        target = o["target_loss"]
+        if o["reached"]:
+            ax.plot([o["overhead"] * o["sync_tokens"]], [target], "o", color=line.get_color(), ms=6)
+        else:
+            ax.annotate("", xy=(tokens[-1] * 1.04, target), xytext=(tokens[-1], target),
+                        arrowprops=dict(arrowstyle="->", color=line.get_color()))
+    if target is not None:
+        ax.axhline(target, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("val loss")
+    ax.set_title(title)
+    if curves:
+        lo = min(min(v[1]) for v in curves.values())
+        last = max(v[1][len(v[1]) // 4] for v in curves.values() if v[1])
+        ax.set_ylim(lo - 0.05, max(last, lo + 0.2))  # the end of the runs, where the crossing is
+        ax.legend(frameon=False, fontsize=8)
     ax.grid(alpha=0.3)
     return fig
 

@@ -7,7 +7,13 @@ rerun; interrupted ones resume from their checkpoint), then writes
 - ``gaps.json``: per optimizer, at its best sync lr, the sync, delayed and EF losses with
   their seed spread, the gap ``delayed - sync`` (paired by seed: same init, same batches) and
   the share of the gap EF recovers; and the same numbers for every (lr, momentum) of the grid;
-- ``llm_loss_curves.png``, ``llm_gap_vs_momentum.png`` and ``llm_loss_vs_lr.png``.
+- per row also the iso-loss token overhead of each mode against sync and the regime diagnostics
+  (loss spike, plateau exit) of each mode, from the runs' metrics.jsonl (:mod:`delaylab.llm.metrics`);
+- ``llm_loss_curves.png``, ``llm_iso_loss.png`` (val loss against tokens, the crossings of
+  sync's final loss marked), ``llm_gap_vs_momentum.png`` and ``llm_loss_vs_lr.png``.
+
+A sweep whose runs validate fewer than 8 times warns (stderr, and ``warnings`` in gaps.json):
+the overhead interpolates between validation points.
 
 Modes: ``sync``, ``delayed``, ``ef`` (delayed + error feedback), ``dc-asgd``.
 """
@@ -17,13 +23,16 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from delaylab._io import write_json
 from delaylab.errors import ConfigError, Diverged
+from delaylab.llm import metrics
 from delaylab.llm.config import Config
+from delaylab.llm.harness import METRICS
 from delaylab.llm.train import CHECKPOINT, train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
@@ -93,53 +102,38 @@ def run_cell(base: dict, cell: Cell, folder: str) -> dict:
         return json.loads(summary.read_text())
 
 
-def _stats(values: list[float]) -> dict:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return {"mean": None, "std": None, "min": None, "max": None, "values": values}
-    mean = sum(vals) / len(vals)
-    # one seed has no spread: None, not 0
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
-    return {"mean": mean, "std": std, "min": min(vals), "max": max(vals), "values": values}
-
-
 def summarize(records: list[dict]) -> dict:
     """The gap table from cell records ``{optimizer, mode, lr, momentum, seed, val_loss}``.
 
     Gaps and EF recovery are computed per seed (sync and delayed runs of one seed share init
-    and batches), then summarized over seeds. A diverged run has ``val_loss`` None.
+    and batches), then summarized over seeds (:func:`delaylab.llm.metrics.describe`: mean, std,
+    median, t and bootstrap intervals; :func:`~delaylab.llm.metrics.recovery`). A diverged run
+    has ``val_loss`` None. Records that carry ``metrics`` (the run's metrics.jsonl lines) add,
+    per row, ``overhead[mode]`` (iso-loss token overhead against the sync run of the same seed,
+    :func:`~delaylab.llm.metrics.overhead_over_seeds`) and ``diagnostics[mode]`` (loss spike and
+    plateau exit after warmup, over seeds).
     """
     groups: dict[tuple, dict] = {}
+    curves: dict[tuple, dict] = {}
     for r in records:
         key = (r["optimizer"], r["lr"], r["momentum"])
         groups.setdefault(key, {}).setdefault(r["mode"], {})[r["seed"]] = r["val_loss"]
+        if r.get("metrics"):
+            curves.setdefault(key, {}).setdefault(r["mode"], {})[r["seed"]] = r["metrics"]
     grid = []
     for (opt, lr, mom), by_mode in groups.items():
         row = {"optimizer": opt, "lr": lr, "momentum": mom}
         for mode, per_seed in sorted(by_mode.items()):
-            row[mode] = _stats([per_seed[s] for s in sorted(per_seed)])
+            row[mode] = metrics.describe([per_seed[s] for s in sorted(per_seed)])
         sync, delayed = by_mode.get("sync", {}), by_mode.get("delayed", {})
-        paired = sorted(set(sync) & set(delayed))
-
-        def diff(a, b):
-            return None if a is None or b is None else a - b
-
-        if paired:
-            row["gap"] = _stats([diff(delayed[s], sync[s]) for s in paired])
+        seeds, gaps = metrics.paired(sync, delayed)
+        if seeds:
+            row["gap"] = metrics.describe(gaps)
         for fix in ("ef", "dc-asgd"):
             runs = by_mode.get(fix, {})
-            seeds = [s for s in paired if s in runs]
-            if not seeds:
-                continue
-            per_seed = []
-            for s in seeds:
-                gap, won = diff(delayed[s], sync[s]), diff(delayed[s], runs[s])
-                per_seed.append(None if gap is None or won is None or gap == 0 else 100 * won / gap)
-            means = [row[m]["mean"] for m in ("sync", "delayed", fix)]
-            pct = None
-            if None not in means and means[1] != means[0]:
-                pct = 100 * (means[1] - means[2]) / (means[1] - means[0])
-            row[f"{fix}_recovered_pct"] = {"of_mean_gap": pct, "values": per_seed}
+            if seeds and any(s in runs for s in seeds):
+                row[f"{fix}_recovered_pct"] = metrics.recovery(sync, delayed, runs)
+        row.update(_curve_metrics(curves.get((opt, lr, mom), {})))
         grid.append(row)
     grid.sort(key=lambda r: (r["optimizer"], r["momentum"] is not None, r["momentum"] or 0, r["lr"]))
 
@@ -155,15 +149,64 @@ def summarize(records: list[dict]) -> dict:
     return {"metric": "final val loss", "best": best, "grid": grid}
 
 
+def _curve_metrics(by_mode: dict[str, dict[int, list]]) -> dict:
+    """``overhead`` and ``diagnostics`` of one row from its runs' metrics lines (a diverged run's
+    lines stop early: its overhead is None, its diagnostics cover what it logged)."""
+    out = {}
+    diag = {}
+    for mode, runs in sorted(by_mode.items()):
+        per = [metrics.diagnostics(runs[s]) for s in sorted(runs)]
+        diag[mode] = {"spike": metrics.describe([d["spike"]["spike"] for d in per]),
+                      "spike_relative": metrics.describe([d["spike"]["relative"] for d in per]),
+                      "spike_step": [d["spike"]["step"] for d in per],
+                      "plateau_exit": metrics.describe([d["plateau"]["step"] for d in per]),
+                      "plateau_left": [d["plateau"]["left"] for d in per]}
+    if diag:
+        out["diagnostics"] = diag
+    sync = by_mode.get("sync", {})
+    overhead = {}
+    for mode, runs in sorted(by_mode.items()):
+        seeds = sorted(set(sync) & set(runs))
+        if mode == "sync" or not seeds:
+            continue
+        per = []
+        for s in seeds:
+            try:
+                per.append(metrics.iso_loss_overhead(sync[s], runs[s]))
+            except ConfigError:  # a run that diverged before its first validation
+                per.append(None)
+        overhead[mode] = {"seeds": seeds, **metrics.overhead_over_seeds(per)}
+    if overhead:
+        out["overhead"] = overhead
+    return out
+
+
+def _metrics(folder: Path) -> list[dict]:
+    """The run's metrics.jsonl lines (none for a run that logged nothing)."""
+    path = folder / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
 def _curve(folder: Path) -> tuple[list[int], list[float]]:
-    steps, losses = [], []
-    path = folder / "metrics.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            steps.append(rec["step"])
-            losses.append(rec["train_loss"])
-    return steps, losses
+    recs = _metrics(folder)
+    return [r["step"] for r in recs], [r["train_loss"] for r in recs]
+
+
+def _mean_val_curves(out: Path, cells: list[Cell], opt: str, row: dict) -> dict:
+    """``{mode: (tokens, mean val loss over seeds, overhead of the mean curve vs sync's)}``."""
+    curves = {}
+    for mode in SWEEP_MODES:
+        runs = [metrics.val_points(_metrics(out / "cells" / c.name)) for c in cells
+                if (c.optimizer, c.lr, c.momentum, c.mode) == (opt, row["lr"], row["momentum"], mode)]
+        runs = [r for r in runs if r]
+        n = min((len(r) for r in runs), default=0)
+        if n:
+            curves[mode] = [{"tokens": runs[0][i][0], "val_loss": sum(r[i][1] for r in runs) / len(runs)}
+                            for i in range(n)]
+    sync = curves.get("sync")
+    return {mode: ([r["tokens"] for r in recs], [r["val_loss"] for r in recs],
+                   None if mode == "sync" or sync is None else metrics.iso_loss_overhead(sync, recs))
+            for mode, recs in curves.items()}
 
 
 def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
@@ -185,6 +228,13 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
             plots.loss_curves(curves, f"{opt} (lr {row['lr']:g})", ax=ax)
         plots.save(fig, out / "llm_loss_curves.png")
         written.append("llm_loss_curves.png")
+
+    if best:  # validation loss against tokens, mean over seeds, with the iso-loss crossings
+        fig, axes = plots.grid(len(best))
+        for ax, (opt, row) in zip(axes, best.items()):
+            plots.iso_loss(_mean_val_curves(out, cells, opt, row), f"{opt} (lr {row['lr']:g}, mean over seeds)", ax=ax)
+        plots.save(fig, out / "llm_iso_loss.png")
+        written.append("llm_iso_loss.png")
 
     def varies(key):  # a grid over ``key`` for at least one optimizer
         return any(len({r[key] for r in gaps["grid"] if r["optimizer"] == o}) > 1 for o in best)
@@ -227,6 +277,14 @@ def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=No
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     cells = plan(base, optimizers, modes, lrs, momenta, seeds)
     out = Path(out)
+    # The iso-loss overhead interpolates between validations: too few cannot place the crossing.
+    evals = metrics.eval_points(base.run.steps, base.run.eval_every)
+    warning = None
+    if evals < metrics.MIN_EVAL_POINTS:
+        warning = (f"{evals} validation points per run (steps {base.run.steps}, eval_every {base.run.eval_every}): "
+                   f"too coarse for the iso-loss overhead; use eval_every <= "
+                   f"{max(1, base.run.steps // metrics.MIN_EVAL_POINTS)}")
+        print(f"delaylab: warning: {warning}", file=sys.stderr, flush=True)
     spec_path = out / "sweep.json"
     base_dict = base.replace(progress=False).flat()
     if jobs > 1 and base.run.threads is None:
@@ -255,9 +313,13 @@ def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=No
     finally:
         bar.close()
     records = [{"optimizer": c.optimizer, "mode": c.mode, "lr": c.lr, "momentum": c.momentum,
-                "seed": c.seed, "val_loss": results[c].get("val_loss")} for c in cells]
+                "seed": c.seed, "val_loss": results[c].get("val_loss"),
+                "metrics": _metrics(out / "cells" / c.name)} for c in cells]
     gaps = summarize(records)
     gaps["figures"] = write_figures(gaps, out, cells)
     gaps["steps"], gaps["preset"] = base.run.steps, base.model.preset
+    gaps["eval_points"] = evals
+    if warning:
+        gaps["warnings"] = [warning]
     write_json(out / "gaps.json", gaps)
     return gaps

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
@@ -33,18 +34,15 @@ PAPER_ROBUST = ("muon", "soap", "lion", "adan")
 
 
 def stats(values: list) -> dict:
-    """mean, sample std and a 95% Student-t interval over the finite values (None where none)."""
-    import torch
-
-    from delaylab.toy.rates import interval
-
+    """mean, sample std and a 95% Student-t interval over the finite values (None where none);
+    the interval is :func:`delaylab.llm.metrics.t_interval` (a point for one value)."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     out = {"values": values, "n": len(vals), "diverged": len(values) - len(vals)}
     if not vals:
         return {**out, "mean": None, "std": None, "ci": None}
-    mean, lo, hi = interval(torch.tensor(vals, dtype=torch.float64))
+    mean = float(np.mean(vals))
     std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-    return {**out, "mean": mean, "std": std, "ci": [lo, hi]}
+    return {**out, "mean": mean, "std": std, "ci": metrics.t_interval(vals) or [mean, mean]}
 
 
 def _resolved(s: dict | None) -> bool:

@@ -79,3 +79,18 @@ def test_only_the_writer_writes(quick, tmp_path):
     run.record(1, tokens=10, time=1.0)
     run.close()
     assert not (tmp_path / "run").exists()
+
+
+def test_the_summary_carries_the_regime_diagnostics_of_its_metrics(quick, corpus, tmp_path):
+    from delaylab.llm import metrics as M
+
+    # 20 updates, warmup 1 (5%), lines every 2: the lr peaks at the first line, step 2
+    summary = train(quick(steps=20, log_every=2, eval_every=4), tmp_path / "run", dataset=corpus)
+    recs = metrics(tmp_path / "run")
+    d = summary["diagnostics"]
+    assert d["spike"]["warmup"] == 2 and d["plateau"]["level"] == recs[0]["train_loss"]
+    losses = [r["train_loss"] for r in recs]
+    rises = [losses[i] - min(losses[:i]) for i in range(1, len(losses))]  # lines after step 2
+    assert d["spike"]["spike"] == pytest.approx(max(0.0, *rises))
+    assert d == M.diagnostics(recs)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["diagnostics"] == d

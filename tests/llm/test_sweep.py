@@ -47,8 +47,13 @@ def test_sweep_writes_gaps_and_figures_and_does_not_rerun_finished_cells(quick, 
     gaps = sweep(base, tmp_path / "sw", ["adamw", "muon"], ["sync", "delayed", "ef"],
                  lrs={"adamw": [1e-3, 3e-3], "muon": [0.02]}, momenta=[0.8, 0.9], seeds=1)
     out = tmp_path / "sw"
-    assert json.loads((out / "gaps.json").read_text())["best"].keys() == {"adamw", "muon"}
-    for name in ("llm_loss_curves.png", "llm_gap_vs_momentum.png", "llm_loss_vs_lr.png"):
+    saved = json.loads((out / "gaps.json").read_text())
+    assert saved["best"].keys() == {"adamw", "muon"}
+    # 4 updates validated every 2: 2 points, too few for the overhead, and gaps.json says so
+    assert saved["eval_points"] == 2 and "too coarse" in saved["warnings"][0]
+    assert set(saved["best"]["adamw"]["overhead"]) == {"delayed", "ef"}
+    assert set(saved["best"]["adamw"]["diagnostics"]) == {"sync", "delayed", "ef"}
+    for name in ("llm_loss_curves.png", "llm_iso_loss.png", "llm_gap_vs_momentum.png", "llm_loss_vs_lr.png"):
         assert (out / name).stat().st_size > 1000
     cell = out / "cells" / "adamw_ef_lr0.001_m0.8_s0"
     summary = json.loads((cell / "summary.json").read_text())
@@ -62,3 +67,44 @@ def test_sweep_writes_gaps_and_figures_and_does_not_rerun_finished_cells(quick, 
     assert again["grid"] == gaps["grid"]
     with pytest.raises(ValueError, match="another base config"):
         sweep(quick(steps=5), out, ["adamw"], ["sync"])
+
+
+def val_curve(vals, lr_lines=1):
+    """Metrics lines every 10 updates (64 tokens each) with a validation on each."""
+    return [{"step": 10 * (i + 1), "tokens": 640 * (i + 1), "lr": 1.0 - 0.01 * i, "train_loss": v + 0.1,
+             "val_loss": v} for i, v in enumerate(vals)]
+
+
+def test_summarize_adds_overhead_and_diagnostics_from_metrics_lines():
+    sync = val_curve([3.0, 2.6, 2.4, 2.2])
+    records = [
+        dict(rec("adamw", "sync", 1e-3, 0, 2.2), metrics=sync),
+        dict(rec("adamw", "delayed", 1e-3, 0, 2.3), metrics=val_curve([3.2, 2.8, 2.5, 2.3])),
+        dict(rec("adamw", "ef", 1e-3, 0, 2.15), metrics=val_curve([3.1, 2.7, 2.3, 2.15])),
+    ]
+    row = summarize(records)["best"]["adamw"]
+    # delayed never reaches 2.2: its last interval falls 0.2 per 640 tokens, so >= (2560 + 320) / 2560
+    d = row["overhead"]["delayed"]
+    assert d["is_lower_bound"] and d["mean"] == pytest.approx(1.125) and d["reached"] == [False]
+    # EF crosses 2.2 between (1920, 2.3) and (2560, 2.15): 1920 + 0.1/0.15 * 640 = 2346.67
+    assert row["overhead"]["ef"]["mean"] == pytest.approx((1920 + 640 * 2 / 3) / 2560)
+    assert "sync" not in row["overhead"]
+    # monotone curves: no spike; level 3.1 at the first line (lr peaks there), 3.1 - 0.1 reached by
+    # the trailing mean of 3 lines at step 40 for sync: (2.7 + 2.5 + 2.3)/3 = 2.5
+    assert row["diagnostics"]["sync"]["spike"]["values"] == [0.0]
+    assert row["diagnostics"]["sync"]["plateau_exit"]["values"] == [40]
+    # without metrics lines (reproduce's records) the rows carry neither
+    assert "overhead" not in summarize([rec("adamw", "sync", 1e-3, 0, 2.2)])["grid"][0]
+
+
+def test_render_shows_intervals_overhead_and_diagnostics():
+    from delaylab.commands.llm import _render_gaps
+
+    records = [dict(rec("adamw", m, 1e-3, s, v), metrics=val_curve(c)) for m, s, v, c in (
+        ("sync", 0, 2.2, [3.0, 2.6, 2.4, 2.2]), ("delayed", 0, 2.3, [3.2, 2.8, 2.5, 2.3]),
+        ("ef", 0, 2.15, [3.1, 2.7, 2.3, 2.15]))]
+    g = {**summarize(records), "figures": [], "warnings": ["too coarse"]}
+    text = _render_gaps(g)
+    assert "> 1.12" in text and "0.92" in text  # delayed's lower bound, EF's 2346.67 / 2560
+    # EF recovers (2.3 - 2.15) / (2.3 - 2.2) = 150%, unstable: one seed resolves no gap
+    assert "150*" in text and "warning: too coarse" in text
