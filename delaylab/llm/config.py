@@ -443,7 +443,14 @@ def _check_combinations(cfg: Config, engine: str) -> None:
         if cfg.run.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"the pipeline places rank r on cuda:r; use device auto, cuda or cpu, "
                               f"not {cfg.run.device!r}")
-    dev = cfg.run.device
+        if par.dp_shard:
+            raise ConfigError("--dp-shard (FSDP2) is for `delaylab llm train`: the pipeline replicates each stage "
+                              "(FSDP2 is not wired into its weight versions)")
+    # One GPU per rank on this node: all P x D ranks when delaylab starts them, torchrun's
+    # per-node count (LOCAL_WORLD_SIZE) when it does.
+    ranks = (stages if engine == "pipeline" else 1) * par.dp
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
+    dev, gpus = cfg.run.device, torch.cuda.device_count()
     if dev != "auto" and dev != "cpu":
         try:
             kind = torch.device(dev).type
@@ -452,12 +459,11 @@ def _check_combinations(cfg: Config, engine: str) -> None:
         if kind == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {dev!r} asked for, but this torch has no CUDA device "
                               f"(torch {torch.__version__}); use --device cpu or auto")
-        need = stages if engine == "pipeline" else (torch.device(dev).index or 0) + 1
-        if kind == "cuda" and torch.cuda.device_count() < need:
-            raise ConfigError(f"{need} GPUs needed, found {torch.cuda.device_count()} (or use --device cpu)")
-    elif dev == "auto" and engine == "pipeline" and 0 < torch.cuda.device_count() < stages:
-        raise ConfigError(f"{stages} stages need {stages} GPUs, found {torch.cuda.device_count()} "
-                          f"(or use --device cpu)")
+        need = here if ranks > 1 else (torch.device(dev).index or 0) + 1
+        if kind == "cuda" and gpus < need:
+            raise ConfigError(f"{need} GPUs needed on this node (one per rank), found {gpus} (or use --device cpu)")
+    elif dev == "auto" and ranks > 1 and 0 < gpus < here:
+        raise ConfigError(f"{here} ranks on this node need {here} GPUs, found {gpus} (or use --device cpu)")
     if cfg.model.dtype == "float64" and (dev.startswith("cuda") or dev == "auto" and torch.cuda.is_available()):
         raise ConfigError("--dtype float64 is for equivalence checks on the CPU: add --device cpu")
 

@@ -346,7 +346,7 @@ def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config,
         if folder is not None and not resume:
             RunFolder(cfg, folder, marks=(CHECKPOINT, CHECKPOINT_DIR)).check_new()
     specs = [(cfg.to_dict(), None if folder is None else str(folder), resume, stop_at) for cfg, folder in jobs]
-    summaries = launch(_replicas, sizes.pop(), specs)[0]
+    summaries = launch(_replicas, sizes.pop(), specs, what="data-parallel run")[0]
     if single and summaries[0]["status"] == "diverged":
         raise Diverged(summaries[0]["message"])
     return summaries[0] if single else summaries

@@ -92,9 +92,6 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
 def check_parallel(cfg: Config, world: int | None = None) -> None:
     """A world of exactly ``P x D`` ranks (``world``: under torchrun), replicated stages; one-line errors."""
     P, D = cfg.parallel.stages, cfg.parallel.dp
-    if cfg.parallel.dp_shard:
-        raise ConfigError("--dp-shard (FSDP2) is for `delaylab llm train`: the pipeline replicates each stage "
-                          "(FSDP2 is not wired into its weight versions)")
     if world is not None and world != P * D:
         raise ConfigError(f"{world} processes for {P} stages x {D} data-parallel replicas: start exactly "
                           f"P x D = {P * D} ranks" + ("" if world % P else f" (or give --dp {world // P})"))

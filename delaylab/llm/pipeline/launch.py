@@ -75,12 +75,8 @@ def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
 
 
 def _check_devices(cfg: Config) -> None:
-    """Replicated stages, and one GPU per rank on this machine (the launcher starts every rank here)."""
+    """Replicated stages (one GPU per rank: checked by the config's resolution)."""
     check_parallel(cfg)
-    n = cfg.parallel.stages * cfg.parallel.dp
-    if cfg.torch_device().type == "cuda" and torch.cuda.device_count() < n:
-        raise ConfigError(f"{cfg.parallel.stages} stages x {cfg.parallel.dp} replicas need {n} GPUs, found "
-                          f"{torch.cuda.device_count()} (or use --device cpu)")
 
 
 def check_folder(cfg: Config, out: str | os.PathLike, resume: bool) -> None:
@@ -123,8 +119,9 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     return results[cfg.parallel.stages - 1]  # the writer: the last stage of replica 0
 
 
-def launch(fn, nprocs: int, *args) -> dict:
-    """Run ``fn(*args)`` in ``nprocs`` ranks through torch's elastic launcher; ``{rank: result}``."""
+def launch(fn, nprocs: int, *args, what: str = "pipeline") -> dict:
+    """Run ``fn(*args)`` in ``nprocs`` ranks through torch's elastic launcher; ``{rank: result}``.
+    A rank that fails raises :class:`PipelineFailed` ("``what`` stopped: rank r ...")."""
     import logging
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -147,4 +144,4 @@ def launch(fn, nprocs: int, *args) -> dict:
         rank, failure = err.get_first_failure()
         code = failure.exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        raise PipelineFailed(f"pipeline stopped: rank {rank} ended first ({how})") from None
+        raise PipelineFailed(f"{what} stopped: rank {rank} ended first ({how})") from None
