@@ -7,6 +7,7 @@ from pathlib import Path
 from delaylab.commands import pipeline
 from delaylab.commands._common import UsageError, add_json_flag, csv_list, emit
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
+from delaylab.llm.config import CORRECTIONS_BY_ENGINE
 
 
 def _render_summary(s: dict) -> str:
@@ -218,7 +219,9 @@ def register(sub) -> None:
     )
     s.add_argument("--optimizers", type=csv_list(str), default=["adamw", "muon"], help="default adamw,muon")
     s.add_argument("--modes", type=csv_list(str), default=["sync", "delayed", "ef"],
-                   help="of sync, delayed, ef, dc-asgd (default sync,delayed,ef)")
+                   help="sync, delayed, or delayed with a correction: "
+                   + ", ".join(c for c in CORRECTIONS_BY_ENGINE["simulator"] if c != "none")
+                   + " (default sync,delayed,ef)")
     s.add_argument("--lrs", action="append", metavar="[NAME=]LR,...",
                    help="peak lrs for every optimizer, or per optimizer (repeat the flag)")
     s.add_argument("--momentum", dest="momenta", action="append", metavar="[NAME=]M,...",

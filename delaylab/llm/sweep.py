@@ -31,13 +31,13 @@ from pathlib import Path
 from delaylab._io import write_json
 from delaylab.errors import ConfigError, Diverged
 from delaylab.llm import metrics
-from delaylab.llm.config import Config
+from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
 from delaylab.llm.harness import METRICS
 from delaylab.llm.train import CHECKPOINT, train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
-SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"), "ef": (True, "ef"), "dc-asgd": (True, "dc-asgd"),
-               **{c: (True, c) for c in ("dc-asgd-a", "predict", "lookahead", "damp")}}
+SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"),
+               **{c: (True, c) for c in CORRECTIONS_BY_ENGINE["simulator"] if c != "none"}}
 
 
 @dataclass(frozen=True)
