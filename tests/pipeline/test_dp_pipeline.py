@@ -22,7 +22,7 @@ from delaylab.cli import main
 from delaylab.llm.pipeline.checkpoint import steps_on_disk
 from delaylab.llm.pipeline.launch import run_jobs, train_pipeline
 
-from pipeline_helpers import load_model, max_abs_diff, reference_model, small
+from pipeline_helpers import load_model, max_abs_diff, reference_model, small, start_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -136,29 +136,13 @@ def test_resume_after_a_stop_equals_the_uninterrupted_run(dp_runs, tmp_path):
     assert lines(folder / "metrics.jsonl") == lines(full / "metrics.jsonl")
 
 
-def _start_ranks(tmp_path, P, D, store_port):
-    """Start P x D ranks by hand, as torchrun would: env vars, and a store that outlives the ranks."""
-    cmd = [sys.executable, "-m", "delaylab", "llm", "pipeline", "--stages", str(P), "--dp", str(D),
-           "--schedule", "2bw", "--preset", "small", "--microbatches", "2", "--batch-size", "2",
-           "--block-size", "16", "--steps", "5000", "--log-every", "1", "--ckpt-every", "0", "--timeout", "60",
-           "--device", "cpu", "--out", str(tmp_path / "run")]
-    procs = []
-    for r in range(P * D):
-        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(P * D),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store_port),
-               "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1"}
-        err = open(tmp_path / f"rank{r}.err", "w")
-        procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err), err))
-    return procs
-
-
 @pytest.mark.timeout(180)
 def test_a_rank_killed_in_a_dp_group_ends_every_rank_within_60s_naming_it(tmp_path):
     # Rank 3 is stage 1 of replica 1: rank 1 (stage 1, replica 0) shares only its dp group, rank 2 only
     # its pipeline, rank 0 neither.
     P, D, victim = 2, 2, 3
     store = dist.TCPStore("127.0.0.1", 0, P * D + 1, True, wait_for_workers=False)
-    procs = _start_ranks(tmp_path, P, D, store.port)
+    procs = start_ranks(tmp_path, P, D, store.port)
     try:
         deadline, metrics = time.time() + 120, tmp_path / "run" / "metrics.jsonl"
         while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):

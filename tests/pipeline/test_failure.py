@@ -2,30 +2,14 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch.distributed as dist
 
+from pipeline_helpers import start_ranks
+
 pytestmark = pytest.mark.dist
-
-
-def _start_ranks(tmp_path, P, store_port):
-    """Start P ranks by hand, as torchrun would: env vars, and a store that outlives the ranks."""
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "delaylab", "llm", "pipeline", "--stages", str(P), "--schedule", "2bw",
-           "--preset", "small", "--microbatches", "2", "--batch-size", "2", "--block-size", "16",
-           "--steps", "5000", "--log-every", "1", "--ckpt-every", "0", "--timeout", "60", "--out", str(out)]
-    procs = []
-    for r in range(P):
-        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(P),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store_port),
-               "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1"}
-        err = open(tmp_path / f"rank{r}.err", "w")
-        procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err), err))
-    return out, procs
 
 
 @pytest.mark.timeout(180)
@@ -33,7 +17,7 @@ def _start_ranks(tmp_path, P, store_port):
 def test_killed_rank_ends_every_other_rank_within_60s_naming_it(tmp_path, victim):
     P = 3
     store = dist.TCPStore("127.0.0.1", 0, P + 1, True, wait_for_workers=False)
-    out, procs = _start_ranks(tmp_path, P, store.port)
+    out, procs = tmp_path / "run", start_ranks(tmp_path, P, 1, store.port)
     try:
         deadline = time.time() + 120
         metrics = out / "metrics.jsonl"
