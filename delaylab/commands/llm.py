@@ -78,7 +78,9 @@ def _render_gaps(g: dict) -> str:
         c = (s or {}).get("ci_t")
         return "n/a" if c is None else f"[{format(c[0], fmt)},{format(c[1], fmt)}]"
 
-    fixes = [m for m in ("ef", "dc-asgd") if any(m in r for r in g["grid"])]
+    from delaylab.llm.sweep import FIXES
+
+    fixes = [m for m in FIXES if any(m in r for r in g["grid"])]
     others = [m for m in ("delayed", *fixes) if any(m in r.get("overhead", {}) for r in g["grid"])]
     head = (f"{'optimizer':<9} {'lr':>8} {'mom':>5}  {'sync':>7} {'delayed':>8} {'gap':>7} {'±':>6} {'gap 95% t':>17}"
             + "".join(f" {m:>7} {m + ' %':>9} {'95% boot':>12}" for m in fixes)

@@ -17,6 +17,10 @@ MODE_STYLE = {
     "delayed": dict(color="tab:red", ls="--"),
     "ef": dict(color="tab:blue", ls="-."),
     "dc-asgd": dict(color="tab:green", ls=":"),
+    "dc-asgd-a": dict(color="tab:olive", ls=":"),
+    "predict": dict(color="tab:purple", ls="-."),
+    "lookahead": dict(color="tab:brown", ls="-."),
+    "damp": dict(color="tab:gray", ls="--"),
 }
 
 

@@ -38,6 +38,7 @@ from delaylab.llm.train import CHECKPOINT, train
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
 SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"),
                **{c: (True, c) for c in CORRECTIONS_BY_ENGINE["simulator"] if c != "none"}}
+FIXES = tuple(m for m in SWEEP_MODES if m not in ("sync", "delayed"))  # the corrected modes
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def summarize(records: list[dict]) -> dict:
         seeds, gaps = metrics.paired(sync, delayed)
         if seeds:
             row["gap"] = metrics.describe(gaps)
-        for fix in ("ef", "dc-asgd"):
+        for fix in FIXES:
             runs = by_mode.get(fix, {})
             if seeds and any(s in runs for s in seeds):
                 row[f"{fix}_recovered_pct"] = metrics.recovery(sync, delayed, runs)

@@ -2,6 +2,7 @@
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -108,3 +109,12 @@ def test_costs_measured_from_a_timeline_recover_the_simulated_ones():
     assert got == Costs.make(2, f, b, u, send=c)
     # Replaying the measured costs predicts the same run.
     assert simulate(Schedule("1f1b", 2, 4, 5), got).events == tl.events
+
+
+def test_message_latency_counts_only_the_wait_after_both_sides_were_ready():
+    # stage 0 sends F0 at t=1.0; stage 1 is ready at 1.0 and starts at 1.25: latency 0.25.
+    # F1 is sent at 2.0, stage 1 becomes ready only at 3.0 and starts at 3.5: 0.5, not 1.5.
+    # F2 arrives while stage 1 is busy (no wait): not counted.
+    s0 = [Event(0, "F", 0, 0.0, 0.0, 1.0), Event(0, "F", 1, 1.0, 1.0, 2.0), Event(0, "F", 2, 2.0, 2.0, 2.5)]
+    s1 = [Event(1, "F", 0, 1.0, 1.25, 3.0), Event(1, "F", 1, 3.0, 3.5, 4.0), Event(1, "F", 2, 4.0, 4.0, 5.0)]
+    assert Timeline([s0, s1]).message_latency() == pytest.approx(statistics.median([0.25, 0.5]))

@@ -67,7 +67,8 @@ class Timeline:
         return out
 
     def message_latency(self) -> float:
-        """Median delay from a send's end to the receiver's start, over messages it waited for.
+        """Median delay from a send's end (or the receiver's readiness, if later) to the receiver's
+        start, over messages it waited for.
 
         Activations flow from stage ``s`` to ``s+1`` (``F``), gradients back (``B``). A receiver
         that was already waiting starts as soon as the message lands, so the gap is the
@@ -80,7 +81,9 @@ class Timeline:
                 src = s - 1 if e.op == "F" else s + 1 if e.op == "B" else None
                 sent = ends.get((src, e.op, e.n))
                 if sent is not None and e.start > e.ready and sent <= e.start:
-                    gaps.append(e.start - sent)
+                    # only the wait after both sides were ready: a receiver that became ready
+                    # after the send ended waited on its own posting, not on the wire
+                    gaps.append(e.start - max(sent, e.ready))
         return median(gaps) if gaps else 0.0
 
     def steady_state(self, skip: int = 1) -> dict:
