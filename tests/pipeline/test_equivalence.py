@@ -55,6 +55,10 @@ def _check(pipeline_runs, name):
 @pytest.mark.parametrize("corr", CORRECTIONS)
 def test_2bw_equals_delayed_simulator_bitwise(pipeline_runs, opt, corr):
     _check(pipeline_runs, f"2bw-{opt}-{corr}")
+    # EF holds one float32 copy of the stage's weights (the size of its gradients), nothing else does
+    summary = pipeline_runs[3][f"2bw-{opt}-{corr}"]
+    grads = [m["grads"] for m in summary["memory_bytes"]]
+    assert summary["corrector_bytes"] == (grads if corr == "ef" else [0] * len(grads))
 
 
 @pytest.mark.timeout(240)

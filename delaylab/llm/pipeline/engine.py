@@ -204,6 +204,7 @@ def _run_rank(cfg: Config, out: Path, resume: bool, stop_at: int | None, rank: i
     info = {
         "rank": rank, "stage": s, "replica": replica, "digest": state_digest(ex.state_dict()),
         "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
+        "corrector_bytes": ex.opt.corrector_bytes() if hasattr(ex.opt, "corrector_bytes") else 0,
         "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "max_in_flight": ex.max_in_flight, "slots": len(ex.slots), "cpu_s": cpu1 - cpu0, "wall_s": wall,
         "machine_busy_s": None if busy0 is None else busy1 - busy0,
@@ -282,6 +283,7 @@ def _finish(cfg: Config, run: RunFolder, gathered, start, end, train_time, val_l
         "idle_fraction": steady["idle_fraction"], "params": sum(g["params"] for g in ranks), "device": device,
         "backend": dist.get_backend(), "resumed_from": start or None,
         "memory_bytes": [g["memory"] for g in ranks],
+        "corrector_bytes": [g["corrector_bytes"] for g in ranks],  # per stage: EF's buffer
         "cuda_peak_bytes": [g["cuda_peak_bytes"] for g in ranks] if device.startswith("cuda") else None,
         "max_in_flight": [g["max_in_flight"] for g in ranks],
         "foreign_cpu_cores": _foreign_cpu(everyone), "cpu_cores": os.cpu_count(),
