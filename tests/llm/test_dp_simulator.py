@@ -6,6 +6,7 @@ batch mean: equality holds to rounding, shown here to 1e-10), exact resume from 
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,3 +167,53 @@ def test_fsdp2_resume_is_exact(tmp_path):
     train_replicas(c, tmp_path / "part", stop_at=3)
     train_replicas(c, tmp_path / "part", resume=True)
     assert max_diff(replica_weights(tmp_path / "part"), replica_weights(tmp_path / "full")) == 0.0
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_replica_ends_the_run_with_one_line_naming_it(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "delaylab", "llm", "train", "--preset", "tiny", "--batch-size", "4",
+           "--block-size", "32", "--steps", "5000", "--dp", "2", "--log-every", "1", "--ckpt-every", "0",
+           "--eval-every", "5000", "--threads", "1", "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3):
+            assert time.time() < deadline and proc.poll() is None, "the run never got going"
+            time.sleep(0.2)
+        replicas = [p for p in _descendants(proc.pid) if "spawn_main" in _cmdline(p)]
+        assert len(replicas) == 2, replicas
+        os.kill(replicas[-1], signal.SIGKILL)
+        killed = time.time()
+        _, err = proc.communicate(timeout=60)
+        assert time.time() - killed < 60
+        assert proc.returncode == 1, err
+        last = err.strip().splitlines()[-1]
+        assert re.match(r"delaylab: error: data-parallel run stopped: rank [01] ended first \(killed by signal 9\)",
+                        last), err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if ppid == pid:
+                kids += [int(entry), *_descendants(int(entry))]
+    return kids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
