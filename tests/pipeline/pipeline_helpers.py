@@ -1,8 +1,10 @@
 """Shared helpers of the pipeline tests: small configs, the single-process references, ranks by hand."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -51,3 +53,21 @@ def start_ranks(tmp_path, P: int, D: int, store_port: int) -> list:
         err = open(tmp_path / f"rank{r}.err", "w")
         procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err), err))
     return procs
+
+
+def kill_when_running(tmp_path, procs: list, victim: int) -> dict[int, tuple[int, str, float]]:
+    """Once the run has logged 3 updates, SIGKILL rank ``victim``; ``{rank: (exit code, stderr,
+    seconds after the kill)}`` of every other rank (each waited for up to 60 s)."""
+    deadline, metrics = time.time() + 120, tmp_path / "run" / "metrics.jsonl"
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        assert time.time() < deadline, "the pipeline never got going"
+        assert all(p.poll() is None for p, _ in procs), "a rank exited before the kill"
+        time.sleep(0.2)
+    os.kill(procs[victim][0].pid, signal.SIGKILL)
+    killed, out = time.time(), {}
+    for r, (p, _) in enumerate(procs):
+        if r != victim:
+            rc = p.wait(timeout=60)
+            out[r] = (rc, (tmp_path / f"rank{r}.err").read_text(), time.time() - killed)
+            print(f"rank {r} exited {out[r][2]:.2f} s after rank {victim} was killed: {out[r][1].strip()}")
+    return out

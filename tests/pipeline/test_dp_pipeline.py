@@ -7,9 +7,7 @@ simulator (which runs the whole batch in one process).
 """
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ from delaylab.cli import main
 from delaylab.llm.pipeline.checkpoint import steps_on_disk
 from delaylab.llm.pipeline.launch import run_jobs, train_pipeline
 
-from pipeline_helpers import load_model, max_abs_diff, reference_model, small, start_ranks
+from pipeline_helpers import kill_when_running, load_model, max_abs_diff, reference_model, small, start_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -144,20 +142,8 @@ def test_a_rank_killed_in_a_dp_group_ends_every_rank_within_60s_naming_it(tmp_pa
     store = dist.TCPStore("127.0.0.1", 0, P * D + 1, True, wait_for_workers=False)
     procs = start_ranks(tmp_path, P, D, store.port)
     try:
-        deadline, metrics = time.time() + 120, tmp_path / "run" / "metrics.jsonl"
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-            assert time.time() < deadline, "the pipeline never got going"
-            assert all(p.poll() is None for p, _ in procs), "a rank exited before the kill"
-            time.sleep(0.2)
-        os.kill(procs[victim][0].pid, signal.SIGKILL)
-        killed = time.time()
-        for r, (p, _) in enumerate(procs):
-            if r == victim:
-                continue
-            rc = p.wait(timeout=60)
-            msg = (tmp_path / f"rank{r}.err").read_text()
-            print(f"rank {r} exited {time.time() - killed:.2f} s after rank {victim} was killed: {msg.strip()}")
-            assert rc == 1 and time.time() - killed < 60, msg
+        for r, (rc, msg, elapsed) in kill_when_running(tmp_path, procs, victim).items():
+            assert rc == 1 and elapsed < 60, msg
             assert f"rank {r} (stage {r % P}, replica {r // P}) stopped: rank {victim} failed" in msg, msg
             assert "Traceback" not in msg and len(msg.strip().splitlines()) == 1, msg
     finally:
