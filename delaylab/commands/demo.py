@@ -16,7 +16,8 @@ def cmd_demo(args) -> int:
     from delaylab.llm.sweep import sweep
     from delaylab.llm.config import Config
 
-    base = Config.from_dict(preset="tiny", steps=args.steps, threads=1, eval_every=max(1, args.steps // 4))
+    # 10 validations per run: enough points for the iso-loss token overhead (the sweep warns below 8)
+    base = Config.from_dict(preset="tiny", steps=args.steps, threads=1, eval_every=max(1, args.steps // 10))
     gaps = sweep(base, args.out, args.optimizers, ("sync", "delayed", "ef"), seeds=1, jobs=args.jobs)
 
     def render(g: dict) -> str:
