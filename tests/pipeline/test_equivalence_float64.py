@@ -68,6 +68,7 @@ def test_random_configurations_agree_to_1e_10_in_float64(runs):
         got, ref = load_model(root / name), reference_model(cfg)
         assert all(v.dtype == torch.float64 for v in got.values())
         diff = max_abs_diff(got, ref)
+        print(f"P={P} {name}: max |diff| {diff:.3g}")
         assert diff <= TOL, f"P={P} {name}: max |diff| {diff:.3g}"
         if cfg.model_config(256).tie_embeddings:  # both stages hold the same matrix, updated alike
             assert torch.equal(got["embed.tok.weight"], got["head.lm_head.weight"]), name
