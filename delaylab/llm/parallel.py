@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -71,6 +72,10 @@ def report_failure(what: str, err: BaseException) -> None:
     print(f"delaylab: {what} {rank} stopped ({type(err).__name__}: {msg})", file=sys.stderr, flush=True)
     if os.environ.get("DELAYLAB_DEBUG"):
         traceback.print_exc()
+    if any(s in msg for s in ("closed by peer", "reset by peer", "Broken pipe")):
+        # A peer died first: leave it the moment in which the launcher sees its death, so that
+        # the run's one line names that rank rather than this consequence.
+        time.sleep(2.0)
     os._exit(1)  # no atexit hooks: destroying a broken process group can hang
 
 

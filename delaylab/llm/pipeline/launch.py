@@ -142,6 +142,11 @@ def launch(fn, nprocs: int, *args, what: str = "pipeline") -> dict:
         return elastic_launch(config, fn)(*args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
+        # A rank killed by a signal is the cause; the ranks that then lost their peer exit 1 and
+        # can be seen first (the agent's SIGTERM to the rest, -15, is a consequence too).
+        killed = sorted((r, f) for r, f in err.failures.items() if f.exitcode < 0 and f.exitcode != -15)
+        if killed and failure.exitcode >= 0:
+            rank, failure = killed[0]
         code = failure.exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         raise PipelineFailed(f"{what} stopped: rank {rank} ended first ({how})") from None
