@@ -108,3 +108,21 @@ def test_render_shows_intervals_overhead_and_diagnostics():
     assert "> 1.12" in text and "0.92" in text  # delayed's lower bound, EF's 2346.67 / 2560
     # EF recovers (2.3 - 2.15) / (2.3 - 2.2) = 150%, unstable: one seed resolves no gap
     assert "150*" in text and "warning: too coarse" in text
+
+
+def test_the_demo_states_the_ordering_only_where_the_seeds_resolve_it():
+    from delaylab.commands.demo import ordering
+
+    def gaps(adamw, muon):
+        return {"grid": [{"optimizer": "adamw", "gap": {"values": adamw}},
+                         {"optimizer": "muon", "gap": {"values": muon}}]}
+
+    clear = ordering(gaps([0.30, 0.53, 0.37, 0.53], [0.12, 0.13, 0.12, 0.10]))
+    assert clear["resolved"] and clear["difference"]["mean"] == pytest.approx(0.315, abs=1e-3)
+    lo, hi = clear["difference"]["ci_t"]  # t(0.975, 3) = 3.1824 on the paired differences
+    diffs = [0.18, 0.40, 0.25, 0.43]
+    m = sum(diffs) / 4
+    sd = (sum((d - m) ** 2 for d in diffs) / 3) ** 0.5
+    assert (lo, hi) == pytest.approx((m - 3.1824 * sd / 2, m + 3.1824 * sd / 2), rel=1e-4)
+    assert not ordering(gaps([0.30, 0.05], [0.12, 0.13]))["resolved"]
+    assert ordering({"grid": [{"optimizer": "adamw", "gap": {"values": [0.3]}}]}) is None
