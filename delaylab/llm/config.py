@@ -14,6 +14,7 @@ validates everything, once. The same flags then give the same run.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -27,7 +28,6 @@ DTYPES = ("float32", "float64")
 LOGGERS = ("none", "tensorboard", "wandb")
 # Pipeline schedules and the delay each one produces on stage s of P.
 PIPELINE_SCHEDULES = ("2bw", "pipedream", "1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
-SYNC_SCHEDULES = ("1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
 DEFAULT_STAGES = 2  # a pipeline run's stage count when none is given
 # delaylab.optim.CORRECTIONS (not imported: this module stays free of torch); the pipeline
 # engine builds only EF into its stages.
@@ -140,6 +140,7 @@ RESUMABLE_CHANGES = ("threads", "ckpt_every", "progress", "timeout", "log")
 _LEGACY = {"schedule": "lr_schedule", "pipeline": "schedule", "microbatches": "grad_accum"}
 
 
+@functools.cache
 def leaf_fields() -> dict[str, tuple[str, Any]]:
     """``{leaf name: (section name, dataclasses.Field)}`` for every field of every section."""
     return {f.name: (sec, f) for sec, cls in SECTIONS.items() for f in fields(cls)}
@@ -301,8 +302,9 @@ _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 def _check_types(cfg: Config) -> None:
     """Each value of the type its field declares (a malformed config file fails here, in one line)."""
+    leaves = leaf_fields()
     for name, value in cfg.flat().items():
-        kinds = leaf_fields()[name][1].type.replace(" ", "").split("|")
+        kinds = leaves[name][1].type.replace(" ", "").split("|")
         ok = value is None and "None" in kinds
         for kind in kinds:
             if kind in _TYPES:

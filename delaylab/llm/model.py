@@ -237,10 +237,6 @@ def stage_ranges(n_layer: int, n_stages: int) -> list[range]:
     return [range(s, s + n) for s, n in zip(starts, sizes)]
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def autocast(device: torch.device | str):
     """bf16 autocast on GPU; a no-op on CPU, where the model runs in float32."""
     device = torch.device(device)

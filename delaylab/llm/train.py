@@ -253,8 +253,9 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
         ckpt = ckpts.load(trainer.mesh)
         run.check_same_run(ckpt["config"])
         trainer.load_state_dict(ckpt)
-        if trainer.updates >= cfg.run.steps and run.finished_summary() is not None:
-            return run.finished_summary()
+        done = run.finished_summary() if trainer.updates >= cfg.run.steps else None
+        if done is not None:
+            return done
     elif run.writer:  # the writer checks; the others wait for it before anything is written
         run.check_new()
     parallel.barrier()

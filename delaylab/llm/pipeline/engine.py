@@ -89,10 +89,11 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
         os._exit(1)  # no atexit hooks: destroying a broken process group can hang
 
 
-def check_parallel(cfg: Config, world: int | None = None) -> None:
-    """A world of exactly ``P x D`` ranks (``world``: under torchrun), replicated stages; one-line errors."""
+def check_parallel(cfg: Config, world: int) -> None:
+    """A world of exactly ``P x D`` ranks (under torchrun or the launcher); one-line error otherwise.
+    The rest (D divides the batch, one GPU per rank, no FSDP2) is the config's resolution."""
     P, D = cfg.parallel.stages, cfg.parallel.dp
-    if world is not None and world != P * D:
+    if world != P * D:
         raise ConfigError(f"{world} processes for {P} stages x {D} data-parallel replicas: start exactly "
                           f"P x D = {P * D} ranks" + ("" if world % P else f" (or give --dp {world // P})"))
 

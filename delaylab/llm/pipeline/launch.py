@@ -22,7 +22,7 @@ from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.harness import CONFIG, RunFolder
 from delaylab.llm.pipeline import checkpoint
-from delaylab.llm.pipeline.engine import FAILURE, check_parallel, run_rank
+from delaylab.llm.pipeline.engine import FAILURE, run_rank
 
 
 class PipelineFailed(DelaylabError, RuntimeError):
@@ -66,17 +66,11 @@ def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
         raise ConfigError(f"run_jobs needs one (stages, dp) for all jobs, got {sorted(shapes)}")
     for cfg, out in jobs:
         check_folder(cfg, out, resume=False)
-        _check_devices(cfg)
         _load_data(cfg)
         Path(out).mkdir(parents=True, exist_ok=True)
     P, D = shapes.pop()
     results = launch(_entry_jobs, P * D, [(cfg.to_dict(), str(out), False) for cfg, out in jobs])
     return results[P - 1]  # the writer: the last stage of replica 0
-
-
-def _check_devices(cfg: Config) -> None:
-    """Replicated stages (one GPU per rank: checked by the config's resolution)."""
-    check_parallel(cfg)
 
 
 def check_folder(cfg: Config, out: str | os.PathLike, resume: bool) -> None:
@@ -103,7 +97,6 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     if stop_at is not None and stop_at < 1:
         raise ConfigError(f"stop_at must be >= 1, got {stop_at}")
     check_folder(cfg, out, resume)
-    _check_devices(cfg)
     _load_data(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
