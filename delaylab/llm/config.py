@@ -44,7 +44,8 @@ def _f(default: Any, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    preset: str = _f("tiny", "model size: tiny, small, 135m, 360m", choices=("tiny", "small", "135m", "360m"))
+    preset: str = _f("tiny", "model size: tiny, small, medium, 135m, 360m",
+                     choices=("tiny", "small", "medium", "135m", "360m"))
     n_layer: int | None = _f(None, "transformer blocks (default: the preset's)")
     mlp: str | None = _f(None, "gelu or swiglu (default: the preset's)", choices=("gelu", "swiglu"))
     tie_embeddings: bool | None = _f(None, "share the embedding and lm_head matrix (default: the preset's)")

@@ -292,3 +292,74 @@ def recovery(sync: dict, delayed: dict, fix: dict) -> dict:
             "ratio_of_means": ratio if math.isfinite(ratio) else None,
             "ci_boot": bootstrap(rows, _recovery) if len(full) > 1 else None,
             "unstable": gap_ci is None or gap_ci[0] <= 0 <= gap_ci[1]}
+
+
+def mean_ratio(num: dict, den: dict) -> dict:
+    """``mean(num) / mean(den)`` over the seeds both have, finite: e.g. PipeDream's gap over 2BW's,
+    paired by seed. ``ci_boot``: whole seeds resampled (:func:`bootstrap`; resamples whose
+    denominator mean is 0 dropped). ``unstable``: the denominator's t interval contains 0 (or
+    fewer than two seeds), so the ratio divides by something not resolved from 0."""
+    seeds = [s for s in sorted(set(num) & set(den)) if _finite(num[s]) and _finite(den[s])]
+    rows = np.array([[num[s], den[s]] for s in seeds], float).reshape(-1, 2)
+
+    def ratio(r: np.ndarray) -> float:
+        d = r[:, 1].mean()
+        return r[:, 0].mean() / d if d != 0 else math.nan
+
+    value = ratio(rows) if len(seeds) else math.nan
+    den_ci = t_interval(list(rows[:, 1]))
+    return {"ratio": value if math.isfinite(value) else None, "seeds": seeds,
+            "ci_boot": bootstrap(rows, ratio) if len(seeds) > 1 else None,
+            "unstable": den_ci is None or den_ci[0] <= 0 <= den_ci[1]}
+
+
+# -- the lr optimum ------------------------------------------------------------------------------------
+
+
+def lr_optimum(lrs: list[float], losses: list) -> float | None:
+    """The lr of least loss, between grid points: a parabola in log(lr) through the best grid
+    point and its two neighbours (the three nearest at the grid's edge), its vertex clipped to
+    those three points' range; the best grid point itself where the parabola opens downward or
+    there are fewer than three finite points. A diverged run (None / inf) counts as worst."""
+    pts = sorted((float(lr), loss if _finite(loss) else math.inf) for lr, loss in zip(lrs, losses))
+    if not pts or all(math.isinf(v) for _, v in pts):
+        return None
+    i = min(range(len(pts)), key=lambda k: pts[k][1])
+    if len(pts) < 3:
+        return pts[i][0]
+    j = min(max(i, 1), len(pts) - 2)
+    trio = pts[j - 1:j + 2]
+    if any(math.isinf(v) for _, v in trio):
+        return pts[i][0]
+    x = np.log([lr for lr, _ in trio])
+    a, b, _ = np.polyfit(x, [v for _, v in trio], 2)
+    if a <= 0:
+        return pts[i][0]
+    return float(np.exp(np.clip(-b / (2 * a), x[0], x[-1])))
+
+
+def lr_shift(base: dict, other: dict) -> dict:
+    """How far ``other``'s lr optimum sits from ``base``'s: ``{lr: {seed: loss}}`` each (e.g. sync
+    and delayed over one lr grid). ``ratio``: :func:`lr_optimum` of ``other``'s mean losses over
+    ``base``'s; ``ci_boot``: whole seeds resampled (the seeds every lr of both has), both
+    optima refitted on each resample; ``grid``: the ratio of the two best grid points."""
+    lrs = sorted(set(base) & set(other))
+    seeds = sorted(set.intersection(*(set(base[lr]) & set(other[lr]) for lr in lrs))) if lrs else []
+    if not seeds:
+        return {"ratio": None, "ci_boot": None, "grid": None, "base_lr": None, "other_lr": None, "seeds": []}
+
+    def value(x) -> float:
+        return x if _finite(x) else math.inf
+
+    cube = np.array([[[value(base[lr][s]), value(other[lr][s])] for lr in lrs] for s in seeds], float)
+
+    def ratio(c: np.ndarray) -> float:
+        means = c.mean(axis=0)  # (lrs, 2)
+        a, b = lr_optimum(lrs, list(means[:, 0])), lr_optimum(lrs, list(means[:, 1]))
+        return b / a if a and b else math.nan
+
+    means = cube.mean(axis=0)
+    a, b = lr_optimum(lrs, list(means[:, 0])), lr_optimum(lrs, list(means[:, 1]))
+    best = [lrs[int(np.argmin(means[:, k]))] for k in (0, 1)]
+    return {"ratio": b / a if a and b else None, "base_lr": a, "other_lr": b, "grid": best[1] / best[0],
+            "ci_boot": bootstrap(cube, ratio) if len(seeds) > 1 else None, "seeds": seeds}

@@ -89,6 +89,8 @@ PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=64),
     # The CPU benchmark of the issue: a 4-layer byte-level GPT, d=128, context 128.
     "small": GPTConfig(n_layer=4, n_head=4, d_model=128, block_size=128),
+    # The top of the CPU scale axis (delaylab reproduce): a few M parameters, 3.6x small.
+    "medium": GPTConfig(n_layer=5, n_head=4, d_model=192, block_size=128),
     "135m": GPTConfig(
         vocab_size=49152, n_layer=30, n_head=9, n_kv_head=3, d_model=576, block_size=2048,
         mlp="swiglu", mlp_hidden=1536, tie_embeddings=True,

@@ -28,7 +28,7 @@ from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
 SESSIONS = "sessions.jsonl"  # one line per invocation: when, how long, how many runs computed / read
-GRID_FIELDS = ("llm", "schedules", "toy")  # what decides the runs (names and notes may change)
+GRID_FIELDS = ("llm", "schedules", "toy", "scale")  # what decides the runs (names and notes may change)
 
 __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
 

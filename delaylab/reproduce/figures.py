@@ -98,9 +98,20 @@ def plot_momentum(part3: dict):
     by_opt: dict[str, list] = {}
     for r in part3["rows"]:
         by_opt.setdefault(r["optimizer"], []).append(r)
-    llm_plots.gap_vs_momentum({o: [(r["momentum"], r["gap"]["mean"], r["gap"]["std"] or 0.0)
-                                   for r in rs if r["gap"]["mean"] is not None] for o, rs in by_opt.items()}, ax=a)
-    a.set_title("measured: delayed - sync val loss", fontsize=9)
+    for i, (o, rs) in enumerate(by_opt.items()):
+        color = f"C{i}"
+        for style, label, get in ((":", "lr fixed", lambda r: r["fixed_gap"]), ("--", "sync-tuned", lambda r: r["gap"]),
+                                  ("-", "each tuned", lambda r: r["tuned"]["gap"])):
+            pts = [(r["momentum"], get(r)["mean"], get(r)["std"] or 0.0) for r in rs if get(r)["mean"] is not None]
+            if pts:
+                a.errorbar([x for x, _, _ in pts], [y for _, y, _ in pts], [e for _, _, e in pts], ls=style,
+                           marker="o", ms=3, capsize=2, color=color, label=f"{o}, {label}")
+    a.axhline(0, color="black", lw=0.8)
+    a.set_xlabel("momentum")
+    a.set_ylabel("delayed - sync val loss")
+    a.legend(frameon=False, fontsize=6)
+    a.grid(alpha=0.3)
+    a.set_title("measured, three lr protocols (error bars: std over seeds)", fontsize=9)
     for o, rs in by_opt.items():
         pred = rs[0]["prediction"]
         key = "relative_penalty" if pred["kind"] == "lmo" else "stable_shrink"
@@ -163,6 +174,94 @@ def plot_toy(part6: dict, out: Path):
     return plot_rates_grid(results, ncols=min(3, len({r["problem"] for r in results})))
 
 
+def plot_ablations(part7: dict):
+    """Gap to sync with and without EF under each warmup and length setting, and DC-ASGD's
+    recovered share against lambda (DC-ASGD-a dashed)."""
+    rows = part7["rows"]
+    panels = [k for k in ("warmup", "length", "dc") if rows[k]]
+    fig, axes = _subplots(max(1, len(panels)), ncols=3, w=4.3, h=3.4)
+    for ax, key in zip(axes, panels):
+        if key == "dc":
+            by_opt: dict[str, list] = {}
+            for r in rows["dc"]:
+                by_opt.setdefault(r["optimizer"], []).append(r)
+            for i, (o, rs) in enumerate(by_opt.items()):
+                pts = [(r["lambda"], r["recovered"]["ratio_of_means"], r["recovered"].get("ci_boot")) for r in rs
+                       if r["lambda"] is not None and r["recovered"] and r["recovered"]["ratio_of_means"] is not None]
+                if pts:
+                    ys = [y for _, y, _ in pts]
+                    lo = [y - ci[0] if ci else 0.0 for _, y, ci in pts]
+                    hi = [ci[1] - y if ci else 0.0 for _, y, ci in pts]
+                    ax.errorbar([x for x, _, _ in pts], ys, [lo, hi], marker="o", capsize=2, color=f"C{i}", label=o)
+                ada = [r for r in rs if r["lambda"] is None and r["recovered"] and
+                       r["recovered"]["ratio_of_means"] is not None]
+                if ada:
+                    ax.axhline(ada[0]["recovered"]["ratio_of_means"], ls="--", color=f"C{i}", label=f"{o} DC-ASGD-a")
+            ax.set_xscale("log")
+            ax.axhline(0, color="black", lw=0.8)
+            ax.set_xlabel("lambda")
+            ax.set_ylabel("gap recovered (%)")
+            ax.set_title("DC-ASGD: share of the gap recovered (95% bootstrap)", fontsize=9)
+            ax.legend(frameon=False, fontsize=7)
+            ax.grid(alpha=0.3, which="both")
+            continue
+        labels, gaps, efs = [], [], []
+        for r in rows[key]:
+            for name, st in r["settings"].items():
+                labels.append(f"{r['optimizer']}\n{name.split('-', 1)[1]}")
+                gaps.append((st["gap"]["mean"], st["gap"]["std"] or 0.0))
+                fix = st.get("fix_gap") or {}
+                efs.append((fix.get("mean"), fix.get("std") or 0.0))
+        xs = range(len(labels))
+        ax.bar([x - 0.2 for x in xs], [math.nan if g is None else g for g, _ in gaps], 0.4,
+               yerr=[e for _, e in gaps], capsize=2, color=FIX_COLORS["delayed"], label="delayed")
+        ax.bar([x + 0.2 for x in xs], [math.nan if g is None else g for g, _ in efs], 0.4,
+               yerr=[e for _, e in efs], capsize=2, color=FIX_COLORS["ef"], label="delayed + EF")
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylabel("val loss - sync val loss")
+        ax.set_title(f"{key}: gap to the sync run of the same setting", fontsize=9)
+        ax.legend(frameon=False, fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scale(part8: dict):
+    """Gap to sync (per seed and mean) and EF's recovered share against parameters (log x)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    rows = part8["rows"]
+    opts = list(dict.fromkeys(o for e in rows for o in e["optimizers"]))
+    for i, o in enumerate(opts):
+        xs = [e["params"] for e in rows if o in e["optimizers"]]
+        sts = [e["optimizers"][o] for e in rows if o in e["optimizers"]]
+        for x, st in zip(xs, sts):
+            vals = [v for v in st["gap"]["values"] if v is not None]
+            a.scatter([x] * len(vals), vals, s=10, color=f"C{i}", alpha=0.5)
+        a.plot(xs, [math.nan if st["gap"]["mean"] is None else st["gap"]["mean"] for st in sts], marker="o",
+               color=f"C{i}", label=f"{o} gap")
+        rec = [(x, st.get("recovered") or {}) for x, st in zip(xs, sts)]
+        pts = [(x, r["ratio_of_means"], r.get("ci_boot")) for x, r in rec if r.get("ratio_of_means") is not None]
+        if pts:
+            b.errorbar([x for x, _, _ in pts], [y for _, y, _ in pts],
+                       [[y - ci[0] if ci else 0.0 for _, y, ci in pts], [ci[1] - y if ci else 0.0 for _, y, ci in pts]],
+                       marker="o", capsize=2, color=f"C{i}", label=f"{o} EF")
+    b.axhspan(50, 90, color="0.9", label="paper: 50-90%")
+    for ax in (a, b):
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(frameon=False, fontsize=7)
+    a.axhline(0, color="black", lw=0.8)
+    a.set_ylabel("delayed - sync val loss")
+    a.set_title("gap to sync against model size (dots: seeds)", fontsize=9)
+    b.axhline(0, color="black", lw=0.8)
+    b.set_ylabel("gap recovered by EF (%)")
+    b.set_title("EF recovery against model size (95% bootstrap)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def write(parts: dict, out: Path) -> dict[str, str]:
     """Every figure as ``out/repro_<name>.png``; returns ``{part key: file name}``."""
     figs = {
@@ -173,7 +272,10 @@ def write(parts: dict, out: Path) -> dict[str, str]:
         "learning_rate": ("repro_loss_vs_lr.png", lambda: plot_learning_rate(parts["learning_rate"])),
         "schedules": ("repro_schedules.png", lambda: plot_schedules(parts["schedules"])),
         "toy": ("repro_toy_rates.png", lambda: plot_toy(parts["toy"], out)),
+        "ablations": ("repro_ablations.png", lambda: plot_ablations(parts["ablations"])),
+        "scale": ("repro_scale.png", lambda: plot_scale(parts["scale"])),
     }
+    figs = {k: v for k, v in figs.items() if k in parts}
     written = {}
     for key, (name, make) in figs.items():
         fig = make()

@@ -7,8 +7,10 @@ the two cannot disagree. Findings 2 and 3 run at each optimizer's best sync lr, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from delaylab.llm.harness import METRICS
 from delaylab.llm.sweep import Cell, summarize
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import LLMRun, ToyRun, read_summary
@@ -33,8 +35,10 @@ def grid(p: Preset) -> list[LLMRun]:
             for r in _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), g.seeds)]
 
 
-def records(out: Path, runs: list[LLMRun]) -> list[dict] | None:
-    """Rows for :func:`delaylab.llm.sweep.summarize` (mode = the run's label); None until all finished."""
+def records(out: Path, runs: list[LLMRun], curves: bool = False) -> list[dict] | None:
+    """Rows for :func:`delaylab.llm.sweep.summarize` (mode = the run's label); None until all finished.
+    ``curves``: each row also carries its run's metrics.jsonl lines (``metrics``), from which
+    summarize computes iso-loss overheads and the regime diagnostics."""
     rows = []
     for r in runs:
         s = read_summary(out, r)
@@ -43,6 +47,9 @@ def records(out: Path, runs: list[LLMRun]) -> list[dict] | None:
         c = r.cell
         rows.append({"optimizer": c.optimizer, "mode": r.label, "lr": c.lr, "momentum": c.momentum,
                      "seed": c.seed, "val_loss": s.get("val_loss"), "run": r.folder})
+        if curves:
+            path = Path(out) / r.folder / METRICS
+            rows[-1]["metrics"] = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     return rows
 
 
@@ -73,10 +80,107 @@ def mitigations(p: Preset, best: dict) -> list[LLMRun]:
     return runs
 
 
+def neighbours(lrs, best: float) -> list[float]:
+    """The three grid lrs around ``best`` (the three nearest when ``best`` is at the grid's edge)."""
+    lrs = sorted(lrs)
+    i = min(max(lrs.index(best), 1), len(lrs) - 2) if len(lrs) >= 3 else 1
+    return lrs[max(0, i - 1):i + 2]
+
+
+def ef_lrs(p: Preset, best: dict) -> list[LLMRun]:
+    """EF at the lrs next to the best sync lr (recovery against lr; EF's own best lr)."""
+    return [r for opt in p.llm.ef_lrs for lr in neighbours(p.llm.lrs[opt], best[opt]["lr"])
+            for r in _runs(MAIN, p.llm.base, opt, lr, best[opt]["momentum"], ("ef",), p.llm.seeds)]
+
+
 def momentum(p: Preset, best: dict) -> list[LLMRun]:
-    """Finding 3: sync and delayed over the momentum grid, at the best sync lr."""
+    """Finding 3: sync and delayed over the momentum grid, each momentum over the three lrs around
+    the best sync lr at the default momentum, so the lr is retuned at each momentum."""
     return [r for opt, grid_ in p.llm.momenta.items() for mom in grid_
-            for r in _runs(MAIN, p.llm.base, opt, best[opt]["lr"], mom, ("sync", "delayed"), p.llm.seeds)]
+            for lr in neighbours(p.llm.lrs[opt], best[opt]["lr"])
+            for r in _runs(MAIN, p.llm.base, opt, lr, mom, ("sync", "delayed"), p.llm.seeds)]
+
+
+def ablation_bases(p: Preset) -> dict[str, tuple[str, dict]]:
+    """``{ablation: (variant, base)}``: warmup fractions, run lengths and DC-ASGD lambdas."""
+    base, g = p.llm.base, p.llm
+    out = {}
+    for f in g.warmup_fractions:
+        out[f"warmup-{round(100 * f)}%"] = (f"warmup-{round(100 * f)}", {**base, "warmup": round(f * base["steps"])})
+    for k in g.length_factors:
+        out[f"length-{k}x"] = (f"length-{k}x", {**base, **{key: k * base[key] for key in
+                                                          ("steps", "eval_every", "ckpt_every")}})
+    from delaylab.llm.config import DelayConfig
+
+    for lam in g.dc_lambdas:  # the default lambda's runs are finding 2's dc-asgd runs
+        out[f"dc-asgd-{lam:g}"] = ((MAIN, base) if lam == DelayConfig.dc_lambda
+                                   else (f"dc-{lam:g}", {**base, "dc_lambda": lam}))
+    return out
+
+
+def ablations(p: Preset, best: dict) -> dict[str, list[LLMRun]]:
+    """Each ablation's runs at the best sync lr: ``ablation_modes`` under the changed base; the
+    DC-ASGD lambdas and DC-ASGD-a as their corrected runs only (sync and delayed are finding 1's)."""
+    g = p.llm
+    out: dict[str, list[LLMRun]] = {}
+    for name, (variant, base) in ablation_bases(p).items():
+        modes = ("dc-asgd",) if name.startswith("dc-asgd") else g.ablation_modes
+        out[name] = [r for opt in g.ablation_optimizers for mode in modes
+                     for r in _runs(variant, base, opt, best[opt]["lr"], best[opt]["momentum"], (mode,), g.seeds,
+                                    label=name if name.startswith("dc-asgd") else mode)]
+    if g.dc_adaptive:
+        out["dc-asgd-a"] = [r for opt in g.ablation_optimizers
+                            for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"],
+                                           ("dc-asgd-a",), g.seeds)]
+    return out
+
+
+def scale_base(p: Preset, size: str) -> dict:
+    s = p.scale
+    steps = s.steps[size]
+    return {**p.llm.base, "preset": size, "batch_size": s.batch_size, "block_size": s.block_size, "steps": steps,
+            "eval_every": max(1, steps // s.evals), "ckpt_every": max(1, steps // 2),
+            "log_every": max(1, steps // 40)}
+
+
+def scale_scan(p: Preset) -> list[LLMRun]:
+    """The one-seed sync lr scan at each scanned size."""
+    s = p.scale
+    return [r for size in s.scan_sizes for opt in s.optimizers for lr in s.lrs[opt]
+            for r in _runs(f"scale-{size}", scale_base(p, size), opt, lr, _momentum(p, opt), ("sync",), 1)]
+
+
+def scale_lrs(p: Preset, out: Path) -> dict[str, dict[str, dict]] | None:
+    """``{size: {optimizer: {"lr", "scanned"}}}`` from the finished scan; None until it has finished."""
+    s = p.scale
+    loss: dict = {}
+    for r in scale_scan(p):
+        summary = read_summary(out, r)
+        if summary is None:
+            return None
+        v = summary.get("val_loss")
+        loss[(r.variant[len("scale-"):], r.cell.optimizer, r.cell.lr)] = v if v is not None else float("inf")
+    lrs: dict = {}
+    scanned = None
+    for size in s.sizes:
+        if size in s.scan_sizes:
+            scanned = size
+            lrs[size] = {opt: {"lr": min(s.lrs[opt], key=lambda lr: loss[(size, opt, lr)]), "scanned": True}
+                         for opt in s.optimizers}
+        elif scanned is None:
+            raise AssertionError(f"scale size {size} has no scanned size below it")
+        else:
+            lrs[size] = {opt: {**lrs[scanned][opt], "scanned": False, "from": scanned} for opt in s.optimizers}
+    return lrs
+
+
+def scale(p: Preset, lrs: dict) -> dict[str, list[LLMRun]]:
+    """``{size: runs}``: ``modes`` x ``seeds`` of every optimizer at the size's lr."""
+    s = p.scale
+    return {size: [r for opt in s.optimizers
+                   for r in _runs(f"scale-{size}", scale_base(p, size), opt, lrs[size][opt]["lr"],
+                                  _momentum(p, opt), s.modes, s.seeds)]
+            for size in s.sizes}
 
 
 def schedule_delays(depth: int) -> list[int]:
@@ -128,12 +232,17 @@ def toy(p: Preset) -> dict[str, list[ToyRun]]:
 
 def plan(p: Preset, out: Path) -> list:
     """Every run the report needs that can be decided now, cheapest-to-decide first."""
-    runs = grid(p)
+    runs = scale_scan(p) if p.scale else []
+    runs += grid(p)
     runs += [r for group in schedules(p).values() for r in group]
     runs += [r for group in toy(p).values() for r in group]
+    lrs = scale_lrs(p, out) if p.scale else None
+    if lrs is not None:
+        runs += [r for group in scale(p, lrs).values() for r in group]
     best = best_sync(p, out)
     if best is not None:
-        runs += mitigations(p, best) + momentum(p, best)
+        runs += mitigations(p, best) + momentum(p, best) + ef_lrs(p, best)
+        runs += [r for group in ablations(p, best).values() for r in group]
     return _unique(runs)
 
 

@@ -96,3 +96,45 @@ def mean_delay(delays: list[int]) -> float:
     """Per-stage delays enter the delay term as ``2 eta sum_l L_l tau_l`` (docs/theory.md, "Not
     covered: per-group delays"); with equal L_l per stage that is the 2BW term times mean(tau_l)."""
     return sum(delays) / len(delays)
+
+
+def lmo_lr_shift(beta: float, nesterov: bool, tau: float = 1, T: float = 1000.0) -> float:
+    """Theorem 1's bound-minimising eta with the delay over the one without: the delay term
+    2 L eta tau adds to the eta-linear terms, so eta* ~ 1/sqrt(their sum) moves down by
+    sqrt(sum_sync / (sum_sync + 2 tau)) (independent of L, Delta and sigma; T enters through
+    the init term only). Solved exactly: the bound's d/d eta = 0 with sympy."""
+    import sympy as sp
+
+    from delaylab.theory import lmo_bound
+
+    bound = lmo_bound(None, nesterov=nesterov)
+    total = sum(expr for _, expr in bound.terms)
+    eta = next(sym for sym in total.free_symbols if sym.name == "eta")
+
+    def best(t: float) -> float:
+        values = dict(beta=beta, tau=t, L=1.0, T=T, Delta=1.0, sigma=1.0, rho=1.0, G0=1.0)
+        e = total.subs({sym: values[sym.name] for sym in total.free_symbols if sym.name in values})
+        roots = [complex(r) for r in sp.solve(sp.diff(e, eta), eta)]
+        return max(r.real for r in roots if abs(r.imag) < 1e-12 and r.real > 0)
+
+    return best(tau) / best(0)
+
+
+@functools.lru_cache(maxsize=None)
+def lr_shift(optimizer: str, momentum: float | None = None, steps: int = 1000) -> dict:
+    """The predicted (delayed best lr) / (sync best lr), and (EF best lr) / (delayed best lr).
+
+    LMO: :func:`lmo_lr_shift` (Theorem 1's optimum; EF: no number, Theorem 3 has no closed
+    optimum here). Adam-type: the stability limits, if the best lr sits at a fixed fraction of
+    the largest stable one: stable_delayed / stable_sync, and EF's stable_ef / stable_delayed.
+    """
+    k = kind(optimizer)
+    if k is None:
+        return {"kind": None, "delayed": None, "ef": None}
+    beta, nesterov = direction_beta(optimizer, momentum)
+    if k == "lmo":
+        return {"kind": k, "delayed": lmo_lr_shift(beta, nesterov, 1, steps), "ef": None,
+                "source": "Theorem 1's bound-optimal eta"}
+    p = optimizer_prediction(optimizer, momentum)
+    return {"kind": k, "delayed": p["stable_delayed"] / p["stable_sync"], "ef": p["ef_widening"],
+            "source": "the frozen-preconditioner stability limits"}

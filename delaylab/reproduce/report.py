@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.reproduce import figures, findings
+from delaylab.reproduce import figures, findings, protocol
 from delaylab.reproduce import plan as P
+from delaylab.llm.metrics import fmt_overhead
+from delaylab.reproduce.findings import _ci
 from delaylab.reproduce.presets import Preset
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: protocol v2 (theory column, ablations, scale axis)
 YES = {True: "yes", False: "no", None: "n/a"}
 
 
@@ -98,12 +100,27 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
     lr_runs = [r for r in P.grid(p) if r.cell.optimizer in p.llm.lr_sweep]
     return {
         "optimizers": llm_commands(P.grid(p), o),
-        "mitigations": llm_commands(P.mitigations(p, best), o),
+        "mitigations": llm_commands(P.mitigations(p, best) + P.ef_lrs(p, best), o),
         "momentum": llm_commands(P.momentum(p, best), o),
         "learning_rate": llm_commands(lr_runs, o),
         "schedules": llm_commands([r for g in P.schedules(p).values() for r in g], o),
         "toy": toy_commands(p),
+        "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g], o),
+        "scale": llm_commands([r for g in P.scale(p, P.scale_lrs(p, out)).values() for r in g], o)
+        if p.scale else [],
     }
+
+
+def parts_of(p: Preset) -> list:
+    """The report's parts for this preset: the six findings (momentum only with a momentum grid),
+    the ablations where the preset has any, the scale axis where it has one."""
+    g = p.llm
+    out = [f for f in findings.FINDINGS if f is not findings.momentum or g.momenta]
+    if g.ablation_optimizers and (g.warmup_fractions or g.length_factors or g.dc_lambdas or g.dc_adaptive):
+        out.append(protocol.ablations)
+    if p.scale:
+        out.append(protocol.scale)
+    return out
 
 
 # -- the report ---------------------------------------------------------------------------------------
@@ -111,7 +128,7 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
 
 def build(p: Preset, out: Path, sessions: list[dict] | None = None) -> dict:
     """The report of the runs in ``out``; ``sessions``: the invocations that made them (the last is this one)."""
-    parts = {f.__name__: f(p, out) for f in findings.FINDINGS}
+    parts = {f.__name__: f(p, out) for f in parts_of(p)}
     figs = figures.write(parts, out)
     cmds = commands(p, out)
     for key, part in parts.items():
@@ -119,9 +136,10 @@ def build(p: Preset, out: Path, sessions: list[dict] | None = None) -> dict:
         part["commands"] = cmds[key]
     summary = [{"id": part["id"], "finding": part["title"], "paper": part["paper"], "measured": part["headline"],
                 "reproduced": part["reproduced"], "theory_agrees": part["theory_agrees"]} for part in parts.values()]
+    theory = [{"id": part["id"], **n} for part in parts.values() for n in part.get("theory_numbers", [])]
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
-            "summary": summary, "parts": list(parts.values()), "sessions": sessions or [],
+            "summary": summary, "theory_column": theory, "parts": list(parts.values()), "sessions": sessions or [],
             "session": (sessions or [{}])[-1]}
 
 
@@ -157,12 +175,22 @@ def _pred_text(pred: dict) -> str:
 def _part_table(part: dict) -> list[str]:
     key, rows = part["key"], part["rows"]
     if key == "optimizers":
-        return _table(["optimizer", "best sync lr", "sync val loss", "delayed", "gap", "gap 95% CI", "gap / sync",
-                       "theory", "paper gap"],
-                      [[r["optimizer"], f"{r['lr']:g}", _ms(r["sync"]), _ms(r["delayed"]), _ms(r["gap"], "+.3f"),
-                        "n/a" if not r["gap"]["ci"] else f"[{r['gap']['ci'][0]:+.3f}, {r['gap']['ci'][1]:+.3f}]",
-                        _n(r["relative_gap_pct"], "+.1f") + "%", _pred_text(r["prediction"]),
-                        _n(r["paper_gap"], "+.3f")] for r in rows])
+        lines = _table(["optimizer", "best sync lr", "sync val loss", "delayed", "gap", "gap 95% CI", "gap / sync",
+                        "iso-loss overhead", "tuned gap (delayed lr)", "theory", "paper gap"],
+                       [[r["optimizer"], f"{r['lr']:g}", _ms(r["sync"]), _ms(r["delayed"]), _ms(r["gap"], "+.3f"),
+                         _ci(r["gap"]), _n(r["relative_gap_pct"], "+.1f") + "%", fmt_overhead(r.get("overhead")),
+                         f"{_ms(r['tuned']['gap'], '+.3f')} ({_n(r['tuned']['lr'], 'g')})",
+                         _pred_text(r["prediction"]), _n(r["paper_gap"], "+.3f")] for r in rows])
+        lines += ["", "The gap at the three lrs around each optimizer's best sync lr, and the regime diagnostics "
+                      "at the best (mean over seeds: the largest train-loss spike after warmup, in nats, and the "
+                      "update at which the loss leaves its end-of-warmup level by 0.1 nats):", ""]
+        lines += _table(["optimizer", "gap at lr (95% CI)", "spike sync / delayed", "plateau exit sync / delayed"],
+                        [[r["optimizer"], "; ".join(f"{x['lr']:g}: {_n(x['gap']['mean'], '+.3f')} {_ci(x['gap'])}"
+                                                    for x in r["neighbourhood"]),
+                          " / ".join(_n(r["diagnostics"].get(m, {}).get("spike"), ".2f") for m in ("sync", "delayed")),
+                          " / ".join(_n(r["diagnostics"].get(m, {}).get("plateau_exit"), ".0f")
+                                     for m in ("sync", "delayed"))] for r in rows])
+        return lines
     if key == "mitigations":
         mits = [k[: -len("_recovered")] for k in rows[0] if k.endswith("_recovered")]
         head = ["optimizer", "gap (no fix)"] + [f"{m}: gap / recovered" for m in mits]
@@ -170,23 +198,52 @@ def _part_table(part: dict) -> list[str]:
         for r in rows:
             cells = [r["optimizer"], _ms(r["gap"], "+.3f") + ("" if r["resolved"] else " (n.s.)")]
             for m in mits:  # a share of a gap that is not resolved would be a share of noise
-                rec = r[f"{m}_recovered"]["of_mean_gap"]
-                cells.append(f"{_ms(r[f'{m}_gap'], '+.3f')} / " + (f"{_n(rec, '.0f')}%" if r["resolved"] else "n.s."))
+                rec = r[f"{m}_recovered"]
+                cells.append(f"{_ms(r[f'{m}_gap'], '+.3f')} / " + (
+                    f"{_n(rec['ratio_of_means'], '.0f')}% {_ci(rec, '.0f')}" if r["resolved"] else "n.s."))
             body.append(cells)
-        return _table(head, body)
+        lines = _table(head, body)
+        lines += ["", "Recovered: 100 (mean delayed - mean fixed) / (mean delayed - mean sync) over the seeds, with a "
+                      "bootstrap 95% interval (whole seeds resampled); n.s. where the gap itself is not resolved."]
+        if part.get("ef_by_lr"):
+            lines += ["", "EF at the three lrs around the best sync lr:", ""]
+            lines += _table(["optimizer", "lr", "gap", "EF gap", "EF recovers"],
+                            [[r["optimizer"], f"{r['lr']:g}", _ms(r["gap"], "+.3f"), _ms(r["ef_gap"], "+.3f"),
+                              f"{_n(r['recovered']['ratio_of_means'], '.0f')}% {_ci(r['recovered'], '.0f')}"
+                              + (" (unstable)" if r["recovered"]["unstable"] else "")] for r in part["ef_by_lr"]])
+        if part.get("ef_tuned"):
+            lines += ["", "Each mode at its own best lr (sync over the lr grid, delayed over the grid, EF over its "
+                          "three lrs):", ""]
+            lines += _table(["optimizer", "sync lr", "delayed lr / gap", "EF lr / gap", "EF recovers"],
+                            [[r["optimizer"], f"{r['sync_lr']:g}", f"{r['delayed_lr']:g} / {_ms(r['delayed_gap'], '+.3f')}",
+                              f"{r['ef_lr']:g} / {_ms(r['ef_gap'], '+.3f')}", _rec({"ratio_of_means": r["recovered"],
+                                                                                  "ci_boot": r["ci_boot"],
+                                                                                  "unstable": r["unstable"]})]
+                             for r in part["ef_tuned"]])
+        return lines
     if key == "momentum":
-        return _table(["optimizer", "lr", "momentum", "sync", "delayed", "gap", "theory"],
-                      [[r["optimizer"], f"{r['lr']:g}", f"{r['momentum']:g}", _ms(r["sync"]), _ms(r["delayed"]),
-                        _ms(r["gap"], "+.3f"), _pred_text(r["prediction"])] for r in rows])
+        return [f"Protocol: {part['protocol']}.", ""] + _table(
+            ["optimizer", "momentum", "gap at lr fixed", "best sync lr", "sync", "delayed", "gap (sync-tuned)",
+             "tuned gap (delayed lr)", "theory"],
+            [[r["optimizer"], f"{r['momentum']:g}", f"{_ms(r['fixed_gap'], '+.3f')} ({r['fixed_lr']:g})",
+              f"{r['lr']:g}" + (" (edge)" if r["sync_lr_at_edge"] else ""), _ms(r["sync"]), _ms(r["delayed"]),
+              _ms(r["gap"], "+.3f"), f"{_ms(r['tuned']['gap'], '+.3f')} ({_n(r['tuned']['lr'], 'g')})",
+              _pred_text(r["prediction"])] for r in rows])
     if key == "learning_rate":
         return _table(["optimizer", "peak lr", "sync", "delayed", "gap"],
                       [[r["optimizer"], f"{r['lr']:g}", _ms(r["sync"]), _ms(r["delayed"]), _ms(r["gap"], "+.3f")]
                        for r in rows])
     if key == "schedules":
-        return _table(["optimizer", "schedule", "stage delays", "mean tau", "val loss", "gap to sync", "vs 2BW"],
+        return _table(["optimizer", "schedule", "stage delays", "mean tau", "val loss", "gap to sync", "vs 2BW",
+                       "gap / 2BW gap (95% CI)"],
                       [[r["optimizer"], r["schedule"], str(r["delays"]), f"{r['mean_delay']:.2f}", _ms(r["loss"]),
                         _ms(r.get("gap"), "+.3f") if "gap" in r else "-",
-                        _ms(r.get("vs_2bw"), "+.3f") if "vs_2bw" in r else "-"] for r in rows])
+                        _ms(r.get("vs_2bw"), "+.3f") if "vs_2bw" in r else "-",
+                        _ratio_text(r.get("gap_ratio"))] for r in rows])
+    if key == "ablations":
+        return _ablation_tables(rows)
+    if key == "scale":
+        return _scale_tables(part)
     if key == "toy":
         ts = rows[0]["T"]
         lines = _table(["problem", "method", "mode"] + [f"measured/bound T={t}" for t in ts]
@@ -209,6 +266,89 @@ def _part_table(part: dict) -> list[str]:
                               YES[r["predicted_helps"]], YES[r["helps"]]] for r in part["ef"]])
         return lines
     return []
+
+
+def _ratio_text(r: dict | None) -> str:
+    if not r or r.get("ratio") is None:
+        return "-"
+    return f"{r['ratio']:.2f} {_ci(r, '.2f')}" + (" (unstable: 2BW gap not resolved)" if r.get("unstable") else "")
+
+
+def _rec(rec: dict | None) -> str:
+    if not rec or rec.get("ratio_of_means") is None:
+        return "n/a"
+    return f"{rec['ratio_of_means']:.0f}% {_ci(rec, '.0f')}" + (" (unstable)" if rec.get("unstable") else "")
+
+
+def _ablation_tables(rows: dict) -> list[str]:
+    lines = []
+    for key, title in (("warmup", "Warmup"), ("length", "Run length")):
+        if not rows[key]:
+            continue
+        lines += [f"{title} (at the best sync lr; overhead: tokens to reach the same-length sync run's final loss, "
+                  "'>' a lower bound where never reached):", ""]
+        body = []
+        for r in rows[key]:
+            for name, st in r["settings"].items():
+                d = st["diagnostics"].get("delayed", {})
+                body.append([r["optimizer"], name, _ms(st["gap"], "+.3f"), _ms(st.get("fix_gap"), "+.3f"),
+                             _rec(st.get("recovered")), fmt_overhead(st["overhead"].get("delayed")),
+                             _n(d.get("spike"), ".2f"), _n(d.get("plateau_exit"), ".0f")])
+            extra = ""
+            if key == "length":
+                extra = "; longer delayed run vs the 1x sync run: " + fmt_overhead(
+                    r["overhead_vs_1x_sync"].get("delayed")) + ", EF: " + fmt_overhead(
+                    r["overhead_vs_1x_sync"].get("ef"))
+            body.append([r["optimizer"], "change", _ms(r["gap_change"], "+.3f") + f" {_ci(r['gap_change'])}", "",
+                         "", extra.lstrip("; "), "", ""])
+        lines += _table(["optimizer", "setting", "gap", "EF gap", "EF recovers", "overhead (delayed)",
+                         "delayed spike", "delayed plateau exit"], body) + [""]
+    if rows["dc"]:
+        lines += ["DC-ASGD by lambda (and DC-ASGD-a), at the best sync lr:", ""]
+        lines += _table(["optimizer", "lambda", "gap with DC-ASGD", "recovers"],
+                        [[r["optimizer"], "adaptive (DC-ASGD-a)" if r["lambda"] is None else f"{r['lambda']:g}",
+                          _ms(r["fix_gap"], "+.3f"), _rec(r["recovered"])] for r in rows["dc"]])
+    return lines
+
+
+def _scale_tables(part: dict) -> list[str]:
+    lines = [f"Setup: {part['setup']}.", ""]
+    body = []
+    for e in part["rows"]:
+        for opt, st in e["optimizers"].items():
+            body.append([e["size"], f"{e['params'] / 1e6:.2f}M", str(e["steps"]), opt, f"{st['lr']:g}",
+                         _ms(st["gap"], "+.3f"), _ms(st.get("fix_gap"), "+.3f"), _rec(st.get("recovered")),
+                         fmt_overhead(st["overhead"].get("delayed"))])
+    lines += _table(["size", "params", "updates", "optimizer", "lr", "gap", "EF gap", "EF recovers",
+                     "iso-loss overhead"], body)
+    lines += ["", "Trends against log10(parameters), bootstrap 95% interval (seeds resampled within each size):", ""]
+    lines += _table(["quantity", "per size", "slope per decade", "direction", "paper (135M-360M)"],
+                    [[k, ", ".join(_n(v, ".3g") for v in t["values"]), f"{_n(t['slope'], '+.3g')} {_ci(t, '+.3g')}",
+                      t["direction"], _paper(t["paper"])] for k, t in part["trends"].items()])
+    ratios = [f"{e['size']} {_ratio_text(e.get('gap_ratio'))}" for e in part["rows"] if e.get("gap_ratio")]
+    if ratios:
+        lines += ["", "AdamW gap / Muon gap per size (ratio of means, paired by seed): " + "; ".join(ratios) + "."]
+    return lines
+
+
+def _paper(x) -> str:
+    return f"{x[0]:g}-{x[1]:g}%" if isinstance(x, (list, tuple)) else f"{x:.3g}"
+
+
+def theory_table(report: dict) -> list[str]:
+    """The theory column: each number the theory gives against the measured one."""
+    rows = report.get("theory_column") or []
+    return _table(["#", "quantity", "theory", "measured (95% CI)", "agrees", "from"],
+                  [[str(n["id"]), n["quantity"],
+                    "qualitative" if n["note"] == "qualitative" else _n(n["predicted"], ".3g") + _unit(n),
+                    "-" if n["measured"] is None else _n(n["measured"], ".3g") + _unit(n) + (
+                        f" [{n['ci'][0]:.3g}, {n['ci'][1]:.3g}]" if n["ci"] else ""),
+                    "-" if n["note"] == "qualitative" else YES[n["agree"]] if n["agree"] is not None
+                    else "not resolved", n["source"]] for n in rows])
+
+
+def _unit(n: dict) -> str:
+    return "%" if n["unit"] == "%" else ""
 
 
 def _signed_pct(x) -> str:
@@ -242,6 +382,11 @@ def markdown(report: dict) -> str:
               "computed per seed, since the two runs of a seed share init and batches). A gap is resolved "
               "when its 95% t-interval over seeds excludes 0.", "", "## Summary", ""]
     lines += summary_table(report)
+    lines += ["", "## Theory column", "",
+              "Each number the theory gives, against the measured one; 'agrees' means the theory's number lies in "
+              "the measured 95% interval (toy rates: measured <= bound). Where the theory gives a direction but no "
+              "number, the row says qualitative and no verdict is drawn from a sign.", ""]
+    lines += theory_table(report)
     for note in report.get("notes", []):
         lines += ["", f"Note: {note}."]
     for part in report["parts"]:

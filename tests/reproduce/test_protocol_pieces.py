@@ -1,0 +1,87 @@
+"""The protocol's pure pieces: presets' rules, lr neighbourhoods, the lr optimum, ratios, Theorem 1's lr shift."""
+
+import math
+
+import numpy as np
+import pytest
+
+from delaylab.errors import ConfigError
+from delaylab.llm import metrics
+from delaylab.reproduce import PRESETS, plan, predict
+from delaylab.reproduce.presets import check_protocol
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_keeps_the_momentum_rules(name):
+    check_protocol(PRESETS[name])
+
+
+def test_check_protocol_refuses_a_grid_that_breaks_a_rule():
+    from dataclasses import replace
+
+    p = PRESETS["cpu-small"]
+    with pytest.raises(ConfigError, match="beta2"):
+        check_protocol(replace(p, llm=replace(p.llm, momenta={"adamw": (0.9, 0.98)})))
+    with pytest.raises(ConfigError, match="updates after warmup"):
+        check_protocol(replace(p, llm=replace(p.llm, momenta={"muon": (0.98,)})))
+
+
+def test_scale_steps_give_the_stated_tokens_per_parameter():
+    from delaylab.llm.model import GPT, preset
+
+    s = PRESETS["cpu-small"].scale
+    params = {}
+    for size in s.sizes:
+        params[size] = sum(p.numel() for p in GPT(preset(size, vocab_size=256, block_size=s.block_size)).parameters())
+        tokens = s.steps[size] * s.batch_size * s.block_size
+        assert abs(tokens / params[size] - s.tokens_per_param) < 0.01 * s.tokens_per_param
+    assert max(params.values()) / min(params.values()) >= 6 and max(params.values()) >= 2e6
+
+
+def test_neighbours_are_three_grid_lrs_around_the_best():
+    grid = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    assert plan.neighbours(grid, 4e-3) == [2e-3, 4e-3, 8e-3]
+    assert plan.neighbours(grid, 1e-3) == [1e-3, 2e-3, 4e-3]  # at the edge: the three nearest
+    assert plan.neighbours(grid, 1.6e-2) == [4e-3, 8e-3, 1.6e-2]
+    assert plan.neighbours([1e-3, 3e-3], 3e-3) == [1e-3, 3e-3]
+
+
+def test_lr_optimum_finds_a_log_parabola_vertex():
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    star = 3.1e-3
+    losses = [2.0 + 0.3 * (math.log(lr) - math.log(star)) ** 2 for lr in lrs]
+    assert math.isclose(metrics.lr_optimum(lrs, losses), star, rel_tol=1e-10)
+    # clipped to the three points around the best; a diverged point counts as worst
+    assert metrics.lr_optimum(lrs, [5, 4, 3, 2, 1]) == pytest.approx(1.6e-2)
+    assert metrics.lr_optimum(lrs, [3, 2, None, 2.5, 3]) == 2e-3
+    assert metrics.lr_optimum([1e-3, 2e-3], [2, 1]) == 2e-3
+
+
+def test_lr_shift_ratio_and_interval():
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3]
+    rng = np.random.default_rng(1)
+    base, other = {}, {}
+    for lr in lrs:
+        base[lr] = {s: (math.log(lr) - math.log(4e-3)) ** 2 + 0.01 * rng.normal() for s in range(4)}
+        other[lr] = {s: (math.log(lr) - math.log(2e-3)) ** 2 + 0.01 * rng.normal() for s in range(4)}
+    out = metrics.lr_shift(base, other)
+    means_b = [np.mean(list(base[lr].values())) for lr in lrs]
+    means_o = [np.mean(list(other[lr].values())) for lr in lrs]
+    assert math.isclose(out["ratio"], metrics.lr_optimum(lrs, means_o) / metrics.lr_optimum(lrs, means_b))
+    assert out["grid"] == 0.5 and out["ci_boot"][0] <= out["ratio"] <= out["ci_boot"][1]
+    assert abs(out["ratio"] - 0.5) < 0.05
+
+
+def test_mean_ratio_by_hand():
+    num, den = {0: 0.3, 1: 0.5, 2: 0.4}, {0: 0.2, 1: 0.2, 2: 0.3}
+    out = metrics.mean_ratio(num, den)
+    assert math.isclose(out["ratio"], 0.4 / (0.7 / 3))
+    assert out["ci_boot"][0] <= out["ratio"] <= out["ci_boot"][1] and out["unstable"] is False
+    assert metrics.mean_ratio({0: 1.0, 1: 1.0}, {0: 0.1, 1: -0.1})["unstable"] is True
+
+
+@pytest.mark.parametrize("beta", [0.8, 0.9, 0.95])
+def test_theorem_1_lr_shift_is_the_closed_form(beta):
+    """eta* ~ 1/sqrt(sum of the eta-linear coefficients): L/2 + 2 L beta^2/(1-beta) (Nesterov), + 2 L tau."""
+    c = 0.5 + 2 * beta**2 / (1 - beta)
+    assert math.isclose(predict.lmo_lr_shift(beta, True, 1, T=1e12), math.sqrt(c / (c + 2)), rel_tol=1e-6)
