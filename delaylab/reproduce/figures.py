@@ -247,8 +247,11 @@ def plot_scale(part8: dict):
                        [[y - ci[0] if ci else 0.0 for _, y, ci in pts], [ci[1] - y if ci else 0.0 for _, y, ci in pts]],
                        marker="o", capsize=2, color=f"C{i}", label=f"{o} EF")
     b.axhspan(50, 90, color="0.9", label="paper: 50-90%")
+    sizes = [e["params"] for e in rows]
     for ax in (a, b):
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{e['size']}\n{e['params'] / 1e6:.2g}M" for e in rows])
+        ax.minorticks_off()
         ax.set_xlabel("parameters")
         ax.grid(alpha=0.3, which="both")
         ax.legend(frameon=False, fontsize=7)

@@ -271,7 +271,7 @@ def _part_table(part: dict) -> list[str]:
 def _ratio_text(r: dict | None) -> str:
     if not r or r.get("ratio") is None:
         return "-"
-    return f"{r['ratio']:.2f} {_ci(r, '.2f')}" + (" (unstable: 2BW gap not resolved)" if r.get("unstable") else "")
+    return f"{r['ratio']:.2f} {_ci(r, '.2f')}" + (" (unstable: the denominator is not resolved from 0)" if r.get("unstable") else "")
 
 
 def _rec(rec: dict | None) -> str:
