@@ -7,7 +7,10 @@
 2. the share of the gap EF, DC-ASGD, sync start and sync cooldown recover;
 3. the gap against momentum; 4. sync and delayed loss against the peak lr;
 5. 2BW's constant delay against PipeDream's per-stage delays (simulator, per-group tau);
-6. the toy rate checks of :mod:`delaylab.toy.rates` (measured vs bound, slopes).
+6. the toy rate checks of :mod:`delaylab.toy.rates` (measured vs bound, slopes);
+7. the protocol's ablations (warmup, run length, DC-ASGD's lambda) and 8. a scale axis, where
+   the preset has them (:mod:`~delaylab.reproduce.protocol`); and a theory column of every number
+   the theory gives against the measured one.
 
 Modules: :mod:`~delaylab.reproduce.presets` (the grids), :mod:`~delaylab.reproduce.plan`
 (which runs each finding needs), :mod:`~delaylab.reproduce.runner` (the resumable pool),

@@ -1,12 +1,14 @@
 """The grids of ``delaylab reproduce``: what each preset runs, as plain data.
 
-A preset has three parts: the GPT grid of findings 1-4 (:class:`LLMGrid`), the schedule
-comparison of finding 5 (:class:`ScheduleGrid`, per-stage delays in the single-process
-simulator) and the toy checks of finding 6 (:class:`ToyGrid`). Every field ends up in
-``DIR/reproduce.json``, so a folder is only ever resumed with the grid that started it.
+A preset has up to four parts: the GPT grid of findings 1-4 and the protocol's ablations
+(:class:`LLMGrid`), the schedule comparison of finding 5 (:class:`ScheduleGrid`, per-stage
+delays in the single-process simulator), the toy checks of finding 6 (:class:`ToyGrid`) and the
+scale axis (:class:`ScaleGrid`, optional). Every field ends up in ``DIR/reproduce.json``, so a
+folder is only ever resumed with the grid that started it.
 
-``cpu-small`` is sized for a 2-core CPU in under an hour with two runs at a time, one thread
-each; ``ci`` runs every part of the pipeline on a few seconds of training.
+``cpu-small`` (the full protocol) took 67 min on a 2-core CPU with two runs at a time, one
+thread each; ``cpu-quick`` (AdamW vs Muon on the small GPT) 12 min; ``ci`` runs every part of
+the pipeline on a few seconds of training.
 """
 
 from __future__ import annotations
