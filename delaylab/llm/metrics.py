@@ -353,13 +353,16 @@ def lr_shift(base: dict, other: dict) -> dict:
 
     cube = np.array([[[value(base[lr][s]), value(other[lr][s])] for lr in lrs] for s in seeds], float)
 
+    def optima(c: np.ndarray) -> tuple:
+        means = c.mean(axis=0)  # (lrs, 2): base, other
+        return lr_optimum(lrs, list(means[:, 0])), lr_optimum(lrs, list(means[:, 1]))
+
     def ratio(c: np.ndarray) -> float:
-        means = c.mean(axis=0)  # (lrs, 2)
-        a, b = lr_optimum(lrs, list(means[:, 0])), lr_optimum(lrs, list(means[:, 1]))
+        a, b = optima(c)
         return b / a if a and b else math.nan
 
+    a, b = optima(cube)
     means = cube.mean(axis=0)
-    a, b = lr_optimum(lrs, list(means[:, 0])), lr_optimum(lrs, list(means[:, 1]))
     best = [lrs[int(np.argmin(means[:, k]))] for k in (0, 1)]
     return {"ratio": b / a if a and b else None, "base_lr": a, "other_lr": b, "grid": best[1] / best[0],
             "ci_boot": bootstrap(cube, ratio) if len(seeds) > 1 else None, "seeds": seeds}

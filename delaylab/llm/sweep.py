@@ -182,14 +182,14 @@ def _curve_metrics(by_mode: dict[str, dict[int, list]]) -> dict:
     return out
 
 
-def _metrics(folder: Path) -> list[dict]:
+def read_metrics(folder: Path) -> list[dict]:
     """The run's metrics.jsonl lines (none for a run that logged nothing)."""
     path = folder / METRICS
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def _curve(folder: Path) -> tuple[list[int], list[float]]:
-    recs = _metrics(folder)
+def train_curve(folder: Path) -> tuple[list[int], list[float]]:
+    recs = read_metrics(folder)
     return [r["step"] for r in recs], [r["train_loss"] for r in recs]
 
 
@@ -197,7 +197,7 @@ def _mean_val_curves(out: Path, cells: list[Cell], opt: str, row: dict) -> dict:
     """``{mode: (tokens, mean val loss over seeds, overhead of the mean curve vs sync's)}``."""
     curves = {}
     for mode in SWEEP_MODES:
-        runs = [metrics.val_points(_metrics(out / "cells" / c.name)) for c in cells
+        runs = [metrics.val_points(read_metrics(out / "cells" / c.name)) for c in cells
                 if (c.optimizer, c.lr, c.momentum, c.mode) == (opt, row["lr"], row["momentum"], mode)]
         runs = [r for r in runs if r]
         n = min((len(r) for r in runs), default=0)
@@ -220,7 +220,7 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
         for ax, (opt, row) in zip(axes, best.items()):
             curves = {}
             for mode in SWEEP_MODES:
-                runs = [_curve(out / "cells" / c.name) for c in cells
+                runs = [train_curve(out / "cells" / c.name) for c in cells
                         if (c.optimizer, c.lr, c.momentum, c.mode) == (opt, row["lr"], row["momentum"], mode)]
                 runs = [r for r in runs if r[0]]
                 n = min((len(r[0]) for r in runs), default=0)
@@ -315,7 +315,7 @@ def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=No
         bar.close()
     records = [{"optimizer": c.optimizer, "mode": c.mode, "lr": c.lr, "momentum": c.momentum,
                 "seed": c.seed, "val_loss": results[c].get("val_loss"),
-                "metrics": _metrics(out / "cells" / c.name)} for c in cells]
+                "metrics": read_metrics(out / "cells" / c.name)} for c in cells]
     gaps = summarize(records)
     gaps["figures"] = write_figures(gaps, out, cells)
     gaps["steps"], gaps["preset"] = base.run.steps, base.model.preset

@@ -17,23 +17,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from delaylab.llm import plots as llm_plots  # noqa: E402
+from delaylab.llm.sweep import train_curve  # noqa: E402
 
 FIX_COLORS = {"delayed": "tab:red", "ef": "tab:blue", "dc-asgd": "tab:green", "sync-start": "tab:purple",
               "sync-cooldown": "tab:orange"}
 
 
-def _curve(folder: Path) -> tuple[list[int], list[float]]:
-    steps, losses = [], []
-    path = folder / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        rec = json.loads(line)
-        steps.append(rec["step"])
-        losses.append(rec["train_loss"])
-    return steps, losses
-
-
 def _mean_curve(out: Path, folders: list[str]):
-    curves = [c for c in (_curve(out / f) for f in folders) if c[0]]
+    curves = [c for c in (train_curve(out / f) for f in folders) if c[0]]
     if not curves:
         return None
     n = min(len(c[0]) for c in curves)

@@ -7,11 +7,9 @@ the two cannot disagree. Findings 2 and 3 run at each optimizer's best sync lr, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from delaylab.llm.harness import METRICS
-from delaylab.llm.sweep import Cell, summarize
+from delaylab.llm.sweep import Cell, read_metrics, summarize
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import LLMRun, ToyRun, read_summary
 
@@ -48,8 +46,7 @@ def records(out: Path, runs: list[LLMRun], curves: bool = False) -> list[dict] |
         rows.append({"optimizer": c.optimizer, "mode": r.label, "lr": c.lr, "momentum": c.momentum,
                      "seed": c.seed, "val_loss": s.get("val_loss"), "run": r.folder})
         if curves:
-            path = Path(out) / r.folder / METRICS
-            rows[-1]["metrics"] = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+            rows[-1]["metrics"] = read_metrics(Path(out) / r.folder)
     return rows
 
 

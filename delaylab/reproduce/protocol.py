@@ -64,11 +64,11 @@ def _difference(a: dict, b: dict) -> dict:
     return stats([None if x is None or y is None else y - x for x, y in zip(a["values"], b["values"])])
 
 
-def _recovery_text(rec: dict | None) -> str:
+def recovery_text(rec: dict | None, unstable: str = " (unstable: gap not resolved)") -> str:
+    """``74% [56, 94]``: a recovered share (ratio of means) and its bootstrap interval."""
     if not rec or rec.get("ratio_of_means") is None:
         return "n/a"
-    text = f"{rec['ratio_of_means']:.0f}% {_ci(rec, '.0f')}"
-    return text + (" (unstable: gap not resolved)" if rec.get("unstable") else "")
+    return f"{rec['ratio_of_means']:.0f}% {_ci(rec, '.0f')}" + (unstable if rec.get("unstable") else "")
 
 
 def ablations(p: Preset, out: Path) -> dict:
@@ -93,7 +93,7 @@ def ablations(p: Preset, out: Path) -> dict:
                 f"{opt}, warmup {default_warmup} -> {name[len('warmup-'):]}: gap {_fmt(ref['gap']['mean'])} -> "
                 f"{_fmt(var['gap']['mean'])} (change {_fmt(change['mean'])} {_ci(change)}, "
                 + ("resolved" if _sign(change) else "not resolved") + f"); EF recovers "
-                f"{_recovery_text(ref.get('recovered'))} -> {_recovery_text(var.get('recovered'))}.")
+                f"{recovery_text(ref.get('recovered'))} -> {recovery_text(var.get('recovered'))}.")
         for name in [n for n in groups if n.startswith("length-")]:
             rows = P.records(out, groups[name], curves=True)
             var = _setting(rows, opt, lr, mom)
@@ -112,7 +112,7 @@ def ablations(p: Preset, out: Path) -> dict:
                 f"{opt}, length 1x -> {name[len('length-'):]}: gap {_fmt(ref['gap']['mean'])} -> "
                 f"{_fmt(var['gap']['mean'])} (change {_fmt(change['mean'])} {_ci(change)}, "
                 + ("resolved" if _sign(change) else "not resolved") + "); EF recovers "
-                f"{_recovery_text(ref.get('recovered'))} -> {_recovery_text(var.get('recovered'))}; tokens the "
+                f"{recovery_text(ref.get('recovered'))} -> {recovery_text(var.get('recovered'))}; tokens the "
                 f"{name[len('length-'):]} delayed run needs to reach the 1x sync run's final loss: "
                 f"{metrics.fmt_overhead(cross.get('delayed'))} x the 1x run's (equal-length overhead "
                 f"{metrics.fmt_overhead(ref['overhead'].get('delayed'))}).")
@@ -127,7 +127,7 @@ def ablations(p: Preset, out: Path) -> dict:
         if dc_rows:
             verdicts.append(f"{opt}, DC-ASGD recovery by lambda: " + ", ".join(
                 f"{'adaptive' if r['lambda'] is None else format(r['lambda'], 'g')}: "
-                f"{_recovery_text(r['recovered'])}" for r in dc_rows) + ".")
+                f"{recovery_text(r['recovered'])}" for r in dc_rows) + ".")
     parts = [f"warmup {len(warmup)}", f"length {len(length)}", f"DC-ASGD {len(dc)}"]
     heads = [f"{r['optimizer']} gap change: warmup {_fmt(r['gap_change']['mean'])} {_ci(r['gap_change'])}"
              for r in warmup] + [f"{r['optimizer']} length {_fmt(r['gap_change']['mean'])} {_ci(r['gap_change'])}, "
@@ -139,7 +139,7 @@ def ablations(p: Preset, out: Path) -> dict:
         if v is not None and (r["optimizer"] not in best_dc or v > best_dc[r["optimizer"]][1]):
             best_dc[r["optimizer"]] = (r, v)
     heads += [f"{o} best DC-ASGD {'adaptive' if r['lambda'] is None else 'lambda ' + format(r['lambda'], 'g')}: "
-              f"{_recovery_text(r['recovered'])}" for o, (r, _) in best_dc.items()]
+              f"{recovery_text(r['recovered'])}" for o, (r, _) in best_dc.items()]
     headline = "; ".join(heads) if heads else "no ablation in this preset"
     return {"id": 7, "key": "ablations", "title": "Protocol ablations: warmup, run length, DC-ASGD's lambda",
             "paper": "(not a finding of the paper) the paper tunes per optimizer and compares at identical "

@@ -13,7 +13,8 @@ from pathlib import Path
 from delaylab.reproduce import figures, findings, protocol
 from delaylab.reproduce import plan as P
 from delaylab.llm.metrics import fmt_overhead
-from delaylab.reproduce.findings import _ci
+from delaylab.reproduce.findings import _ci, _mode
+from delaylab.reproduce.protocol import recovery_text
 from delaylab.reproduce.presets import Preset
 
 REPORT_VERSION = 2  # 2: protocol v2 (theory column, ablations, scale axis)
@@ -275,9 +276,8 @@ def _ratio_text(r: dict | None) -> str:
 
 
 def _rec(rec: dict | None) -> str:
-    if not rec or rec.get("ratio_of_means") is None:
-        return "n/a"
-    return f"{rec['ratio_of_means']:.0f}% {_ci(rec, '.0f')}" + (" (unstable)" if rec.get("unstable") else "")
+    """A recovered share in a table cell: the verdicts' text with the short unstable mark."""
+    return recovery_text(rec, unstable=" (unstable)")
 
 
 def _ablation_tables(rows: dict) -> list[str]:
@@ -355,10 +355,6 @@ def _signed_pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:+.2f}%"
 
 
-def _mode(r: dict) -> str:
-    if r["delay"] == 0:
-        return "sync"
-    return f"tau={r['delay']}" + ("" if r["correction"] == "none" else f"+{r['correction'].upper()}")
 
 
 def summary_table(report: dict) -> list[str]:
