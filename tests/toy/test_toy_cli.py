@@ -3,8 +3,11 @@
 import json
 
 import pytest
+import torch
 
 from delaylab.cli import main
+from delaylab.commands._plugins import load_optimizer
+from delaylab.errors import ConfigError
 from delaylab.commands.toy import register  # noqa: F401  (the module under test)
 from delaylab.toy.problems import DEFAULT_PROBLEM, PROBLEMS
 
@@ -171,3 +174,13 @@ def test_profile_bad_input_is_one_line_exit_2(capsys, argv, needle):
     rc, out, err = run_cli(capsys, "toy", "profile", *base, *argv)  # the case's flags come last and win
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and needle in err, err
+
+
+def test_load_optimizer():
+    f = load_optimizer("torch.optim:AdamW", {"lr": 0.5})
+    assert isinstance(f([torch.zeros(2)]), torch.optim.AdamW) and f([torch.zeros(2)]).param_groups[0]["lr"] == 0.5
+    assert load_optimizer("lmo-sign", {"lr": 0.1, "beta": 0.5}).__qualname__ == "lmo-sign"
+    for spec, match in (("no.such.module:f", "cannot import"), ("torch.optim:Nope", "no attribute"),
+                        ("torch.optim", "package.module:factory"), ("math:pi", "not a callable")):
+        with pytest.raises(ConfigError, match=match):
+            load_optimizer(spec)
