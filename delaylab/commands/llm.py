@@ -21,7 +21,7 @@ def _render_summary(s: dict) -> str:
 
 def cmd_train(args) -> int:
     from delaylab.llm import parallel
-    from delaylab.llm.harness import require_folder
+    from delaylab.llm.run.folder import require_folder
     from delaylab.llm.train import train, train_replicas
 
     if args.resume:

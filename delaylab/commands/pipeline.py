@@ -44,7 +44,7 @@ def _show_schedule(cfg) -> int:
 
 
 def cmd_pipeline(args) -> int:
-    from delaylab.llm.harness import require_folder
+    from delaylab.llm.run.folder import require_folder
     from delaylab.llm.pipeline.engine import check_parallel, run_rank
     from delaylab.llm.pipeline.launch import check_folder, train_pipeline
 

@@ -32,7 +32,7 @@ from delaylab._io import write_json
 from delaylab.errors import ConfigError, Diverged
 from delaylab.llm import metrics
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
-from delaylab.llm.harness import METRICS
+from delaylab.run_folder import METRICS
 from delaylab.llm.train import CHECKPOINT, train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).

@@ -28,7 +28,7 @@ from delaylab.errors import ConfigError, Diverged, MissingFile
 from delaylab.llm import parallel
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.data import load_dataset
-from delaylab.llm.harness import RunFolder, summary_base
+from delaylab.llm.run.folder import TrainFolder as RunFolder, summary_base
 from delaylab.llm.model import GPT, autocast
 
 CHECKPOINT = "ckpt.pt"  # one process

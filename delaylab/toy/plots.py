@@ -99,6 +99,26 @@ def plot_gap_vs_beta(cost: dict, ax=None):
     return fig
 
 
+def plot_compare(result: dict, ax=None):
+    """:func:`delaylab.toy.rates.compare`: each delayed mode's gap vs sync per method, with its
+    interval's upper half-width."""
+    fig, ax = _axes(ax, size=(6.0, 3.4))
+    modes = [m for m in result["modes"] if m != "sync"]
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(result["rows"]))]
+        ys = [100 * row[mode]["relative_gap"] for row in result["rows"]]
+        errs = [100 * (row[mode]["relative_gap_ci"][1] - row[mode]["relative_gap"]) for row in result["rows"]]
+        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=mode)
+    ax.set_xticks(range(len(result["rows"])), [row["method"] for row in result["rows"]], fontsize=8)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_ylabel("gap vs sync (%)")
+    ax.set_title(f"{result['problem']}: T={result['T']}, tau={result['delay']}, beta={result['beta']:g}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
 def plot_rates_grid(results: list[dict], ncols: int = 3):
     """The README figure: one panel per problem with its first method's runs (the suite
     lists the natural LMO first: spectral for matrices, sign for vectors) in every mode."""
@@ -190,3 +210,18 @@ def save(fig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
+
+
+FIGURES = {
+    "rates": (("toy_rate.png", lambda r: plot_rates([r])),),
+    "suite": (("toy_rates.png", lambda r: plot_rates_grid(r["results"])),),
+    "compare": (("toy_compare.png", plot_compare),),
+    "cost": (("toy_gap_vs_eta.png", plot_gap_vs_eta), ("toy_gap_vs_beta.png", plot_gap_vs_beta)),
+    "profile": (("toy_profile.png", plot_profile),),
+}
+"""The figures of each ``delaylab toy`` command's result: (file name, plot)."""
+
+
+def save_figures(kind: str, result: dict, folder: str | Path) -> list[str]:
+    """Write the :data:`FIGURES` of ``kind`` for ``result`` into ``folder``; their paths."""
+    return [str(save(plot(result), Path(folder) / name)) for name, plot in FIGURES[kind]]

@@ -45,16 +45,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from delaylab.errors import ConfigError
 from delaylab.optim import LMOMomentum
-from delaylab.theory import stability
+from delaylab.optim.declared import Declared, infer_declared
 from delaylab.toy.problems import PROBLEMS, Problem, Quadratic, make_problem
-from delaylab.toy.rates import interval, loglog_slope, rate_check
-from delaylab.toy.runs import METHODS, OptimizerFactory, build, get_method, run_optimizer
+from delaylab.toy.rates import Progress, interval, loglog_slope, rate_check, start_progress
+from delaylab.toy.report import mode_label
+from delaylab.toy.runs import OptimizerFactory, build, get_method, run_optimizer
 
 DEFAULT_DELAYS = (0, 1, 2)
 DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -63,85 +64,6 @@ DEFAULT_SEEDS = 8
 STABILITY_STEPS = 200
 STABILITY_RANGE = (1e-4, 1e4)  # scanned lr scales; a threshold outside it is reported as 0 or inf
 STABILITY_RTOL = 0.05
-KINDS = ("heavyball", "ema", "adam", "lmo")
-
-
-@dataclass(frozen=True)
-class Declared:
-    """What the optimizer is, for the predictions: ``kind`` with momentum ``beta`` (and ``norm``).
-
-    * ``heavyball``: ``b = beta b + g, x -= lr b`` (torch SGD, dampening 0);
-    * ``ema``: ``m = beta m + (1 - beta) g, x -= lr m`` (torch SGD with dampening = beta);
-    * ``adam``: Adam-type, beta = beta1 (a threshold on the preconditioned curvature only);
-    * ``lmo``: ``x += lr LMO(m)``, ``m`` an EMA of the gradients, in ``norm`` (spectral, sign,
-      l2): every step has norm lr, so there is no threshold, and the bounds of
-      :mod:`delaylab.theory` apply.
-    """
-
-    kind: str
-    beta: float = 0.0
-    norm: str | None = None
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ConfigError(f"unknown optimizer kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-        if not 0.0 <= self.beta < 1.0:
-            raise ConfigError(f"declared momentum must be in [0, 1), got {self.beta}")
-        if (self.kind == "lmo") != (self.norm is not None):
-            raise ConfigError("kind 'lmo' needs a norm (lmo:NORM:BETA) and the other kinds take none")
-        if self.norm is not None and self.norm not in ("spectral", "sign", "l2"):
-            raise ConfigError(f"unknown LMO norm {self.norm!r}; expected spectral, sign or l2")
-
-    @classmethod
-    def parse(cls, text: str) -> "Declared":
-        """``heavyball:0.9``, ``ema:0.9``, ``adam:0.9`` or ``lmo:spectral:0.95``."""
-        parts = text.split(":")
-        try:
-            if parts[0] == "lmo" and len(parts) == 3:
-                return cls("lmo", float(parts[2]), parts[1])
-            if len(parts) == 2:
-                return cls(parts[0], float(parts[1]))
-        except ValueError as err:
-            if isinstance(err, ConfigError):
-                raise
-        raise ConfigError(f"cannot read the declaration {text!r}; expected heavyball:BETA, ema:BETA, "
-                          "adam:BETA or lmo:NORM:BETA")
-
-    def predicted_stable_lr(self, tau: int, ef: bool, curvature: float) -> float | None:
-        """Largest stable lr on ``(lambda/2)||x||^2``; inf for LMO, None for Adam (no lr threshold:
-        its preconditioner adapts, the threshold is on the preconditioned curvature)."""
-        if self.kind == "lmo":
-            return math.inf
-        if self.kind == "adam":
-            return None
-        return stability.max_stable(self.kind, self.beta, tau, ef) / curvature
-
-
-def infer_declared(opt: torch.optim.Optimizer) -> Declared | None:
-    """The type of an optimizer whose update rule is known exactly, else None.
-
-    torch SGD (no Nesterov, no weight decay): heavy ball (dampening 0) or EMA (dampening =
-    momentum); torch Adam/AdamW: Adam-type; LMOMomentum with the exact LMO, no Nesterov, no
-    weight decay, unit step scale: an LMO method. Anything else must be declared.
-    """
-    groups = opt.param_groups
-    same = lambda key: len({repr(g.get(key)) for g in groups}) == 1  # noqa: E731
-    g = groups[0]
-    if type(opt) is torch.optim.SGD and all(same(k) for k in ("momentum", "dampening", "nesterov")):
-        if g["nesterov"] or any(x["weight_decay"] for x in groups):
-            return None
-        if g["dampening"] == 0:
-            return Declared("heavyball", float(g["momentum"]))
-        if g["dampening"] == g["momentum"]:
-            return Declared("ema", float(g["momentum"]))
-        return None
-    if type(opt) in (torch.optim.Adam, torch.optim.AdamW) and same("betas"):
-        return Declared("adam", float(g["betas"][0]))
-    if type(opt) is LMOMomentum and all(same(k) for k in ("beta", "norm")):
-        exact = all(not x["nesterov"] and not x["weight_decay"] and x["method"] == "svd" and x["scale"] == "none"
-                    for x in groups)
-        return Declared("lmo", float(g["beta"]), g["norm"]) if exact else None
-    return None
 
 
 def registry_optimizer(method: str, lr: float, beta: float) -> OptimizerFactory:
@@ -186,12 +108,6 @@ def _modes(delays: Sequence[int], ef: bool) -> list[tuple[int, str]]:
     return out
 
 
-def mode_label(delay: int, correction: str) -> str:
-    if delay == 0:
-        return "sync"
-    return f"tau={delay}" + ("+EF" if correction == "ef" else "")
-
-
 def _stats(values: torch.Tensor) -> dict:
     """Mean and 95% interval over seeds; a diverged seed makes all three inf."""
     if not torch.isfinite(values).all():
@@ -233,6 +149,81 @@ def _problem_list(problems) -> list[Problem]:
     return out
 
 
+def _built(make_optimizer: OptimizerFactory, problem: Problem) -> tuple[torch.optim.Optimizer | None, str | None]:
+    """``make_optimizer`` on ``problem``'s shape, or (None, why) where its own code refused the
+    shape (e.g. Muon on a vector); one that returns no optimizer at all is an error."""
+    try:
+        return build(make_optimizer, [problem.x0.clone()]), None
+    except ConfigError as err:
+        if err.__cause__ is None:
+            raise
+        return None, str(err)
+
+
+@dataclass
+class _Plan:
+    """What :func:`profile` runs, fixed (and every input checked) before the first run."""
+
+    name: str
+    declare: Declared | None
+    source: str | None
+    norm: str
+    delays: list[int]
+    scales: list[float]
+    ts: list[int]
+    modes: list[tuple[int, str]]
+    problems: list[tuple[Problem, bool, float]]  # the ones it runs on: (problem, seeds coupled, base lr)
+    skipped: list[dict]
+    stability: bool
+    stability_skipped: str | None  # why the optimizer cannot run on the quadratic
+    bound_problems: list[Problem] | None  # None: no bound check
+
+    @property
+    def runs(self) -> int:
+        """How many runs (progress calls) :func:`profile` makes."""
+        modes = len(self.modes)
+        return (len(self.problems) * modes * len(self.scales)
+                + (modes if self.stability and self.stability_skipped is None else 0)
+                + len(self.bound_problems or ()) * modes)
+
+
+def _plan(make_optimizer, problems, delays, ef, lr_scales, steps, seeds, norm, declare, stability_check,
+          bound_check, name) -> _Plan:
+    delays, scales, ts = _check_inputs(delays, lr_scales, steps, seeds)
+    plist = _problem_list(problems)
+    name = name or getattr(make_optimizer, "__qualname__", None) or repr(make_optimizer)
+    source = "given" if declare is not None else None
+    if declare is None and getattr(make_optimizer, "declared", None) is not None:
+        declare, source = make_optimizer.declared, "given"
+    if declare is None:  # inferred from the optimizer built on the first problem it accepts
+        for problem in plist:
+            opt, _ = _built(make_optimizer, problem)
+            if opt is not None:
+                declare = infer_declared(opt)
+                source = "inferred" if declare is not None else None
+                break
+    if norm is None:
+        norm = declare.norm if declare is not None and declare.kind == "lmo" else "l2"
+    runnable, skipped = [], []
+    for problem in plist:
+        if norm not in problem.norms:
+            skipped.append({"problem": problem.name, "reason": f"no constant for the {norm} norm"})
+            continue
+        probe, why = _built(make_optimizer, problem)
+        if probe is None:
+            skipped.append({"problem": problem.name, "reason": why})
+            continue
+        runnable.append((problem, seeds_coupled(make_optimizer, problem), float(probe.param_groups[0]["lr"])))
+    if not runnable:
+        raise ConfigError("the optimizer ran on no problem: " + "; ".join(f"{s['problem']}: {s['reason']}"
+                                                                            for s in skipped))
+    stability_skipped = _built(make_optimizer, Quadratic())[1] if stability_check else None
+    lmo = bound_check and declare is not None and declare.kind == "lmo"
+    return _Plan(name, declare, source, norm, delays, scales, ts, _modes(delays, ef), runnable, skipped,
+                 stability_check, stability_skipped,
+                 [p for p in plist if declare.norm in p.norms] if lmo else None)
+
+
 def profile(
     make_optimizer: OptimizerFactory,
     *,
@@ -249,7 +240,7 @@ def profile(
     bound_check: bool = True,
     bound_steps: Sequence[int] | None = None,
     name: str | None = None,
-    progress: Callable[[dict], None] | None = None,
+    progress: Progress | None = None,
 ) -> dict:
     """Profile ``make_optimizer`` under delays (module docstring); returns a JSON-ready dict.
 
@@ -264,71 +255,38 @@ def profile(
         seeds, seed: independent runs and the noise seed (shared by every mode: paired).
         norm: the dual norm of the metric (default: the declared LMO norm, else ``l2``).
         declare: the optimizer's type (default: ``make_optimizer.declared`` if set, else
-            :func:`infer_declared`); it enables the stability prediction and, for ``lmo``, the
-            bound check (``bound_steps``, default ``(min(steps), max(steps))``).
+            :func:`~delaylab.optim.declared.infer_declared`); it enables the stability
+            prediction and, for ``lmo``, the bound check (``bound_steps``, default
+            ``(min(steps), max(steps))``).
         stability_check: measure the largest stable lr on :class:`Quadratic`.
-        progress: called with a small dict after every run.
+        progress: :data:`delaylab.toy.rates.Progress`; every input is checked (and the factory
+            built on each problem) before its ``start``.
     """
     start = time.perf_counter()
-    delays, scales, ts = _check_inputs(delays, lr_scales, steps, seeds)
-    plist = _problem_list(problems)
-    modes = _modes(delays, ef)
-    name = name or getattr(make_optimizer, "__qualname__", None) or repr(make_optimizer)
-    source = "given" if declare is not None else None
-    if declare is None and getattr(make_optimizer, "declared", None) is not None:
-        declare, source = make_optimizer.declared, "given"
-    if declare is None:  # inferred from the optimizer built on the first problem it accepts
-        for problem in plist:
-            try:
-                declare = infer_declared(build(make_optimizer, [problem.x0.clone()]))
-            except ConfigError as err:
-                if err.__cause__ is None:
-                    raise
-                continue
-            source = "inferred" if declare is not None else None
-            break
-    if norm is None:
-        norm = declare.norm if declare is not None and declare.kind == "lmo" else "l2"
-    results, skipped = [], []
-    for problem in plist:
-        if norm not in problem.norms:
-            skipped.append({"problem": problem.name, "reason": f"no constant for the {norm} norm"})
-            continue
-        try:
-            probe = build(make_optimizer, [problem.x0.clone()])
-            coupled = seeds_coupled(make_optimizer, problem)
-        except ConfigError as err:
-            if err.__cause__ is None:  # it returned something else than an optimizer: always an error
-                raise
-            skipped.append({"problem": problem.name, "reason": str(err)})  # e.g. Muon on a vector
-            continue
-        base_lr = float(probe.param_groups[0]["lr"])
-        results.append(_profile_problem(make_optimizer, problem, modes, scales, ts, seeds, seed, norm, coupled,
-                                        base_lr, progress))
-    if not results:
-        raise ConfigError("the optimizer ran on no problem: " + "; ".join(f"{s['problem']}: {s['reason']}"
-                                                                            for s in skipped))
+    plan = _plan(make_optimizer, problems, delays, ef, lr_scales, steps, seeds, norm, declare, stability_check,
+                 bound_check, name)
+    start_progress(progress, plan.runs)
+    modes, ts, declare = plan.modes, plan.ts, plan.declare
+    results = [_profile_problem(make_optimizer, problem, modes, plan.scales, ts, seeds, seed, plan.norm, coupled,
+                                base_lr, progress) for problem, coupled, base_lr in plan.problems]
     out = {
-        "optimizer": name,
+        "optimizer": plan.name,
         "declared": None if declare is None else asdict(declare),
-        "declared_source": source,
-        "norm": norm,
-        "metric": f"mean_t<T ||grad f(x_t)||_* ({norm} dual) at T = {ts[-1]}",
-        "delays": delays, "ef": ef, "lr_scales": scales, "steps": ts, "seeds": seeds, "seed": seed,
+        "declared_source": plan.source,
+        "norm": plan.norm,
+        "metric": f"mean_t<T ||grad f(x_t)||_* ({plan.norm} dual) at T = {ts[-1]}",
+        "delays": plan.delays, "ef": ef, "lr_scales": plan.scales, "steps": ts, "seeds": seeds, "seed": seed,
         "problems": results,
-        "skipped": skipped,
+        "skipped": plan.skipped,
     }
-    if stability_check:
+    if plan.stability and plan.stability_skipped is None:
         coupled = any(r["seeds_coupled"] for r in results)
-        try:
-            out["stability"] = stability_profile(make_optimizer, modes, declare, coupled, progress=progress)
-        except ConfigError as err:  # an optimizer that takes no matrices
-            if err.__cause__ is None:
-                raise
-            out["stability"], out["stability_skipped"] = None, str(err)
-    if bound_check and declare is not None and declare.kind == "lmo":
-        out["bound_check"] = _bound_checks(make_optimizer, plist, modes, declare, bound_steps or (ts[0], ts[-1]),
-                                           seeds, seed, progress)
+        out["stability"] = stability_profile(make_optimizer, modes, declare, coupled, progress=progress)
+    elif plan.stability:  # an optimizer that takes no matrices
+        out["stability"], out["stability_skipped"] = None, plan.stability_skipped
+    if plan.bound_problems is not None:
+        out["bound_check"] = _bound_checks(make_optimizer, plan.bound_problems, modes, declare,
+                                           bound_steps or (ts[0], ts[-1]), seeds, seed, progress)
     out["seconds"] = time.perf_counter() - start
     return out
 
@@ -462,12 +420,10 @@ def _ratio(a: float, b: float) -> float | None:
 # -- the bound check, for a declared LMO method ---------------------------------------------------------
 
 
-def _bound_checks(make_optimizer, plist, modes, declare, steps, seeds, seed, progress) -> list[dict]:
+def _bound_checks(make_optimizer, problems, modes, declare, steps, seeds, seed, progress) -> list[dict]:
     out = []
     method = f"lmo-{declare.norm}"
-    for problem in plist:
-        if declare.norm not in problem.norms:
-            continue
+    for problem in problems:
         for delay, corr in modes:
             r = rate_check(problem, method, steps=steps, delay=delay, correction=corr, seeds=seeds, seed=seed,
                            beta=declare.beta, make_optimizer=make_optimizer)
@@ -479,49 +435,5 @@ def _bound_checks(make_optimizer, plist, modes, declare, steps, seeds, seed, pro
     return out
 
 
-def load_optimizer(spec: str, kwargs: dict | None = None) -> OptimizerFactory:
-    """The factory named by ``spec``: ``package.module:name`` (a function or an optimizer class,
-    called as ``name(params, **kwargs)``) or a method of ``toy rates``' registry (``kwargs``:
-    ``lr``, ``beta``). Raises ConfigError for anything that does not resolve."""
-    import functools
-    import importlib
-
-    kwargs = dict(kwargs or {})
-    if spec in METHODS:
-        bad = set(kwargs) - {"lr", "beta"}
-        if bad:
-            raise ConfigError(f"registry method {spec} takes lr and beta, not {', '.join(sorted(bad))}")
-        return registry_optimizer(spec, float(kwargs.get("lr", 0.02)), float(kwargs.get("beta", 0.9)))
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise ConfigError(f"--optimizer must be package.module:factory or one of {', '.join(METHODS)}; "
-                          f"got {spec!r}")
-    try:
-        obj = importlib.import_module(module)
-    except Exception as err:  # ImportError, or an error raised by the module itself
-        raise ConfigError(f"cannot import {module!r} (from {spec!r}): {type(err).__name__}: {err}") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"{spec!r} does not resolve: {module} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise ConfigError(f"{spec!r} is a {type(obj).__name__}, not a callable factory")
-    factory = functools.partial(obj, **kwargs) if kwargs else obj
-    if kwargs:
-        factory.__qualname__ = spec
-        if getattr(obj, "declared", None) is not None:
-            factory.declared = obj.declared
-    return factory
-
-
-def expected_progress(n_problems: int, delays: Sequence[int], ef: bool, n_scales: int, stability_check: bool,
-                      lmo: bool, n_bound_problems: int = 0) -> int:
-    """How many times :func:`profile` calls ``progress`` (for a progress bar's total)."""
-    modes = len(_modes(delays, ef))
-    return n_problems * modes * n_scales + (modes if stability_check else 0) + (
-        n_bound_problems * modes if lmo else 0)
-
-
-__all__ = ["Declared", "infer_declared", "load_optimizer", "profile", "registry_optimizer", "seeds_coupled", "stability_profile",
-           "largest_stable_scale", "expected_progress", "mode_label"]
+__all__ = ["profile", "registry_optimizer", "seeds_coupled", "stability_profile",
+           "largest_stable_scale"]

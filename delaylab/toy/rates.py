@@ -47,6 +47,19 @@ SLOPE_TOLERANCE = 0.1
 measured slopes of -0.21 to -0.26 against -1/4 over T = 1e3 .. 1.6e4)."""
 CONFIDENCE = 0.95
 
+Progress = Callable[[dict], None]
+"""What the checks report to: called with a small dict after every run. If it also has a
+``start(total)`` method, each check calls that once, after every input is checked and before
+the first run, with the number of calls that follow (a progress bar's total; the command's run
+folder is written from there on, so bad input leaves none behind)."""
+
+
+def start_progress(progress: Progress | None, total: int) -> None:
+    """Tell ``progress`` (where it listens) that the inputs are valid and ``total`` runs follow."""
+    start = getattr(progress, "start", None)
+    if start is not None:
+        start(total)
+
 
 def interval(samples: torch.Tensor, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(mean, low, high): a Student-t interval for the mean of per-seed values."""
@@ -151,6 +164,16 @@ class Setting:
         return self.bound.power if self.bound is not None else 1
 
 
+def _horizons(steps: Sequence[int], seeds: int) -> list[int]:
+    """The sorted distinct horizons T (each run once), with ``seeds`` checked."""
+    ts = sorted({int(t) for t in steps})
+    if not ts or ts[0] < 1:
+        raise ConfigError(f"every T must be >= 1, got {ts}")
+    if seeds < 1:
+        raise ConfigError(f"seeds must be >= 1, got {seeds}")
+    return ts
+
+
 def rate_check(
     problem: Problem,
     method: str,
@@ -179,14 +202,13 @@ def rate_check(
     ``terms``), ``seconds`` and the setting.
     """
     start = time.perf_counter()
-    steps = sorted({int(t) for t in steps})
-    if not steps or steps[0] < 1:
-        raise ConfigError(f"every T must be >= 1, got {steps}")
-    if seeds < 1:
-        raise ConfigError(f"seeds must be >= 1, got {seeds}")
+    steps = _horizons(steps, seeds)
+    if beta is not None and not 0 <= beta < 1:
+        raise ConfigError(f"beta must be in [0, 1), got {beta}")
     if make_optimizer is not None and beta is None:
         raise ConfigError("a user optimizer keeps its own momentum: pass it as beta")
     setting = Setting(problem, method, delay, correction, overrides, make_optimizer)
+    start_progress(progress, len(steps))
     ef = correction == "ef"
     points, exponent = [], None
     for i, t in enumerate(steps):
@@ -316,6 +338,7 @@ def delay_cost(
     eta0 = sync.tuned(steps, beta=beta).eta
     if etas is None:
         etas = [eta0 * s for s in eta_scales]
+    start_progress(progress, len(etas) + len(betas))
 
     def row(e, b):
         meas = _paired(problem, method, e, b, steps, delay, seeds, seed, norm)
@@ -391,9 +414,10 @@ def compare(
         raise ConfigError(f"unknown mode {bad[0]!r}; expected one of {', '.join(MODES)}")
     norm = norm or problem.norms[0]
     problem.check_norm(norm)
+    syncs = [Setting(problem, name, 0) for name in methods]
+    start_progress(progress, len(methods) * len(modes))
     rows = []
-    for name in methods:
-        sync = Setting(problem, name, 0)
+    for name, sync in zip(methods, syncs):
         eta = eta_scale * sync.tuned(steps, beta=beta).eta
         row = {"method": name, "eta": eta, "beta": beta, "lr": sync.torch_lr(eta, beta)}
         values = {}
@@ -445,3 +469,39 @@ def suite_settings(problem_names: Sequence[str], methods: Sequence[str] | None =
             if get_method(method).norm in norms:
                 out.extend((name, method, d, c) for d, c in modes)
     return out
+
+
+def rate_suite(
+    problem_names: Sequence[str],
+    methods: Sequence[str] | None = None,
+    *,
+    steps: Sequence[int] = DEFAULT_TS,
+    seeds: int = 16,
+    seed: int = 0,
+    tolerance: float = SLOPE_TOLERANCE,
+    progress: Progress | None = None,
+) -> dict:
+    """:func:`rate_check` for every setting of :func:`suite_settings` on the problems' default
+    instances; each result gets ``max_ratio`` (measured / bound, max over T) and every metrics
+    item its setting. ``holds``: every check holds."""
+    from delaylab.toy.problems import PROBLEMS, make_problem
+
+    start = time.perf_counter()
+    bad = [n for n in problem_names if n not in PROBLEMS]
+    if bad:
+        raise ConfigError(f"unknown problem {bad[0]!r}; expected one of {', '.join(PROBLEMS)}")
+    lmo = [m.name for m in METHODS.values() if m.norm is not None]
+    if methods is not None and any(m not in lmo for m in methods):
+        raise ConfigError(f"the rate suite runs the LMO methods only ({', '.join(lmo)})")
+    settings = suite_settings(problem_names, methods)
+    start_progress(progress, len(settings) * len(_horizons(steps, seeds)))
+    results = []
+    for name, method, delay, corr in settings:
+        context = {"problem": name, "method": method, "delay": delay, "correction": corr}
+        item = None if progress is None else (lambda x, c=context: progress({**c, **x}))
+        r = rate_check(make_problem(name), method, steps=steps, delay=delay, correction=corr, seeds=seeds,
+                       seed=seed, tolerance=tolerance, progress=item)
+        r["max_ratio"] = max(p["ratio"] for p in r["points"])
+        results.append(r)
+    return {"holds": all(r["holds"] for r in results), "T": list(steps), "seeds": seeds, "tolerance": tolerance,
+            "results": results, "seconds": time.perf_counter() - start}

@@ -15,12 +15,10 @@ import torch
 from delaylab._io import dumps
 from delaylab.errors import ConfigError
 from delaylab.optim import LMOMomentum
+from delaylab.optim.declared import Declared
 from delaylab.toy.problems import LogDet, Quadratic, SeparableCauchy, SmoothRastrigin, make_problem
 from delaylab.toy.profile import (
-    Declared,
-    infer_declared,
     largest_stable_scale,
-    load_optimizer,
     profile,
     registry_optimizer,
     seeds_coupled,
@@ -180,22 +178,6 @@ def test_divergence_is_inf_not_a_crash():
     assert all(m["diverged"] == [2] and m["best"]["mean"] == math.inf for m in r["problems"][0]["modes"])
 
 
-def test_declarations():
-    x = [torch.zeros(3, 2, dtype=torch.float64)]
-    assert infer_declared(torch.optim.SGD(x, lr=0.1, momentum=0.9)) == Declared("heavyball", 0.9)
-    assert infer_declared(torch.optim.SGD(x, lr=0.1, momentum=0.9, dampening=0.9)) == Declared("ema", 0.9)
-    assert infer_declared(torch.optim.SGD(x, lr=0.1, momentum=0.9, nesterov=True)) is None
-    assert infer_declared(torch.optim.AdamW(x, betas=(0.8, 0.99))) == Declared("adam", 0.8)
-    assert infer_declared(LMOMomentum(x, lr=0.1, beta=0.5, norm="sign")) == Declared("lmo", 0.5, "sign")
-    assert infer_declared(LMOMomentum(x, lr=0.1, nesterov=True)) is None  # not the analysed method
-    assert infer_declared(torch.optim.Muon(x, lr=0.1)) is None  # Newton-Schulz, Nesterov: must be declared
-    assert Declared.parse("lmo:spectral:0.95") == Declared("lmo", 0.95, "spectral")
-    assert Declared.parse("heavyball:0.9") == Declared("heavyball", 0.9)
-    for bad in ("lmo:0.9", "nope:0.9", "ema:1.5", "ema:x", "lmo:frob:0.9"):
-        with pytest.raises(ConfigError):
-            Declared.parse(bad)
-
-
 def test_muon_skips_vector_problems_and_bad_factories_raise():
     muon = lambda params: torch.optim.Muon(params, lr=0.02)  # noqa: E731
     r = profile(muon, problems=["cauchy", LogDet(m=4, n=3)], delays=(1,), ef=False, lr_scales=(1.0,), steps=(10,),
@@ -210,16 +192,6 @@ def test_muon_skips_vector_problems_and_bad_factories_raise():
         profile(muon, delays=(0,))
     with pytest.raises(ConfigError, match="unknown problem"):
         profile(muon, problems=["nope"])
-
-
-def test_load_optimizer():
-    f = load_optimizer("torch.optim:AdamW", {"lr": 0.5})
-    assert isinstance(f([torch.zeros(2)]), torch.optim.AdamW) and f([torch.zeros(2)]).param_groups[0]["lr"] == 0.5
-    assert load_optimizer("lmo-sign", {"lr": 0.1, "beta": 0.5}).__qualname__ == "lmo-sign"
-    for spec, match in (("no.such.module:f", "cannot import"), ("torch.optim:Nope", "no attribute"),
-                        ("torch.optim", "package.module:factory"), ("math:pi", "not a callable")):
-        with pytest.raises(ConfigError, match=match):
-            load_optimizer(spec)
 
 
 def test_quadratic_constants():

@@ -3,8 +3,11 @@
 import json
 
 import pytest
+import torch
 
 from delaylab.cli import main
+from delaylab.commands._plugins import load_optimizer
+from delaylab.errors import ConfigError
 from delaylab.commands.toy import register  # noqa: F401  (the module under test)
 from delaylab.toy.problems import DEFAULT_PROBLEM, PROBLEMS
 
@@ -87,29 +90,74 @@ def test_cost_json_and_figures(capsys, tmp_path):
     assert (tmp_path / "toy_gap_vs_eta.png").exists() and (tmp_path / "toy_gap_vs_beta.png").exists()
 
 
-@pytest.mark.parametrize(
-    "argv,needle",
-    [
-        (["rates", "--problem", "nope", "--method", "lmo-sign"], "unknown problem"),
-        (["rates", "--method", "nope"], "unknown method"),
-        (["rates", "--method", "lmo-sign", "--problem", "cauchy", "--T", "0,10"], "--T must be >= 1"),
-        (["rates", "--method", "lmo-sign", "--seeds", "0"], "--seeds must be >= 1"),
-        (["rates", "--method", "lmo-sign", "--seeds", "many"], "invalid int value"),
-        (["rates", "--method", "lmo-spectral", "--problem", "cauchy", "--T", "10"], "no known constant"),
-        (["rates", "--method", "lmo-sign", "--correction", "ef"], "needs --delay"),
-        (["compare", "--methods", "lmo-sign,bogus"], "unknown method"),
-        (["compare", "--T", "0"], "--T must be >= 1"),
-        (["compare", "--seeds", "0"], "--seeds must be >= 1"),
-        (["compare", "--problem", "cauchy", "--methods", "lmo-spectral"], "needs the spectral norm"),
-        (["cost", "--method", "adam2"], "unknown method"),
-        (["cost", "--beta", "1.0"], "--beta must be in [0, 1)"),
-        (["compare", "--problem", "cauchy", "--batch", "4"], "no --batch option"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
-    rc, out, err = run_cli(capsys, "toy", *argv)
-    assert rc == 2 and out == ""
+BAD_INPUT = [
+    (["rates", "--problem", "nope", "--method", "lmo-sign"], "unknown problem"),
+    (["rates", "--method", "nope"], "unknown method"),
+    (["rates"], "--method is required"),
+    (["rates", "--method", "lmo-sign,lmo-l2"], "takes one method (use --suite"),
+    (["rates", "--method", "lmo-sign", "--problem", "cauchy", "--T", "0,10"], "--T must be >= 1"),
+    (["rates", "--method", "lmo-sign", "--T", "10,x"], "comma-separated list of integers"),
+    (["rates", "--method", "lmo-sign", "--T", ","], "--T must not be empty"),
+    (["rates", "--method", "lmo-sign", "--seeds", "0"], "--seeds must be >= 1"),
+    (["rates", "--method", "lmo-sign", "--seeds", "many"], "invalid int value"),
+    (["rates", "--method", "lmo-sign", "--tolerance", "-0.1"], "--tolerance must be >= 0"),
+    (["rates", "--method", "lmo-sign", "--beta", "7"], "--beta must be in [0, 1), got 7.0"),
+    (["rates", "--beta", "7"], "--beta must be in [0, 1), got 7.0"),
+    (["rates", "--method", "lmo-spectral", "--problem", "cauchy", "--T", "10"], "no known constant"),
+    (["rates", "--method", "lmo-sign", "--correction", "ef"], "needs --delay"),
+    (["rates", "--method", "lmo-sign", "--delay", "-1"], "--delay must be >= 0"),
+    (["rates", "--method", "lmo-sign", "--delay", "1", "--block-delays", "1,2"], "either --delay or --block-delays"),
+    (["rates", "--method", "lmo-sign", "--block-delays", "1,-2"], "--block-delays must be >= 0"),
+    (["rates", "--method", "lmo-sign", "--problem", "cauchy", "--sigma", "-1"], "--sigma must be >= 0"),
+    (["rates", "--method", "lmo-sign", "--problem", "cauchy-regression", "--batch", "0"], "--batch must be >= 1"),
+    (["rates", "--method", "lmo-sign", "--markdown", "t.md"], "needs --suite"),
+    (["rates", "--suite", "--problem", "nope"], "unknown problem"),
+    (["rates", "--suite", "--method", "sgdm"], "LMO methods only"),
+    (["rates", "--suite", "--delay", "1"], "drop --delay"),
+    (["rates", "--suite", "--beta", "0.5"], "drop --beta"),
+    (["rates", "--suite", "--problem", "cauchy", "--sigma", "0.1"], "default instances"),
+    (["compare", "--methods", "lmo-sign,bogus"], "unknown method"),
+    (["compare", "--T", "0"], "--T must be >= 1"),
+    (["compare", "--seeds", "0"], "--seeds must be >= 1"),
+    (["compare", "--delay", "0"], "--delay must be >= 1"),
+    (["compare", "--beta", "1"], "--beta must be in [0, 1)"),
+    (["compare", "--eta-scale", "0"], "--eta-scale must be > 0"),
+    (["compare", "--eta-scale", "nan"], "--eta-scale must be > 0"),
+    (["compare", "--modes", "delayed,ef"], "--modes must start with sync"),
+    (["compare", "--modes", "sync,late"], "--modes must start with sync"),
+    (["compare", "--norm", "frobenius"], "no known constant"),
+    (["compare", "--problem", "cauchy", "--methods", "lmo-spectral"], "no known constant for norm 'spectral'"),
+    (["compare", "--problem", "cauchy", "--batch", "4"], "no --batch option"),
+    (["cost", "--method", "adam2"], "unknown method"),
+    (["cost", "--method", "lmo-sign,lmo-l2"], "takes one method"),
+    (["cost", "--beta", "1.0"], "--beta must be in [0, 1)"),
+    (["cost", "--betas", "0.5,x"], "comma-separated list of numbers"),
+    (["cost", "--betas", "0.5,1.5"], "--betas must be in [0, 1), got 1.5"),
+    (["cost", "--delay", "0"], "--delay must be >= 1"),
+    (["cost", "--problem", "cauchy", "--method", "lmo-spectral"], "no known constant"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD_INPUT)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, argv, needle):
+    out = tmp_path / "run"
+    rc, stdout, err = run_cli(capsys, "toy", *argv, "--out", str(out))
+    assert rc == 2 and stdout == ""
     assert err.count("\n") == 1 and needle in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nor a --markdown file
+
+
+def test_a_folder_that_holds_a_run_is_refused(capsys, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()  # an empty folder is fine
+    argv = ["toy", "rates", "--problem", "cauchy", "--method", "lmo-sign", "--T", "20", "--seeds", "2",
+            "--out", str(out)]
+    assert run_cli(capsys, *argv)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"config.json", "metrics.jsonl", "summary.json"}
+    rc, stdout, err = run_cli(capsys, *argv[:-4], "--seeds", "3", "--out", str(out))
+    assert rc == 2 and stdout == "" and err.count("\n") == 1 and "already holds a run" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 # -- toy profile --------------------------------------------------------------------------------
@@ -164,10 +212,77 @@ def test_profile_text_json_files_and_figure(capsys, tmp_path):
         (["--optimizer", "torch.optim:AdamW", "--delays", "0"], "delay >= 1"),
         (["--optimizer", "torch.optim:AdamW", "--problems", "nope"], "unknown problem"),
         (["--optimizer", "torch.optim:AdamW", "--lr-scales", "0,1"], "--lr-scales must be numbers > 0"),
+        (["--optimizer", "torch.optim:AdamW", "--lr-scales", "1,x"], "comma-separated list of numbers"),
+        (["--optimizer", "torch.optim:AdamW", "--lr-scales", "inf"], "finite numbers > 0"),
+        (["--optimizer", "torch.optim:AdamW", "--T", "0"], "--T must be >= 1"),
+        (["--optimizer", "torch.optim:AdamW", "--bound-T", "0,5"], "--bound-T must be >= 1"),
+        (["--optimizer", "torch.optim:AdamW", "--seeds", "0"], "--seeds must be >= 1"),
+        (["--optimizer", "torch.optim:AdamW", "--delays", "1,-1"], "--delays must be >= 0"),
+        (["--optimizer", "torch.optim:Muon"], "ran on no problem"),
+        (["--optimizer", "lmo-sign", "--kwargs", '{"lr": "x"}'], "lr and beta must be numbers"),
+        (["--optimizer", "lmo-sign", "--kwargs", '{"momentum": 0.9}'], "takes lr and beta"),
     ],
 )
-def test_profile_bad_input_is_one_line_exit_2(capsys, argv, needle):
-    base = ["--problems", "cauchy", "--seeds", "1", "--T", "2", "--lr-scales", "1", "--no-stability"]
+def test_profile_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, argv, needle):
+    base = ["--problems", "cauchy", "--seeds", "1", "--T", "2", "--lr-scales", "1", "--no-stability",
+            "--out", str(tmp_path / "run")]
     rc, out, err = run_cli(capsys, "toy", "profile", *base, *argv)  # the case's flags come last and win
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_load_optimizer():
+    f = load_optimizer("torch.optim:AdamW", {"lr": 0.5})
+    assert isinstance(f([torch.zeros(2)]), torch.optim.AdamW) and f([torch.zeros(2)]).param_groups[0]["lr"] == 0.5
+    assert load_optimizer("lmo-sign", {"lr": 0.1, "beta": 0.5}).__qualname__ == "lmo-sign"
+    for spec, match in (("no.such.module:f", "cannot import"), ("torch.optim:Nope", "no attribute"),
+                        ("torch.optim", "package.module:factory"), ("math:pi", "not a callable")):
+        with pytest.raises(ConfigError, match=match):
+            load_optimizer(spec)
+
+
+# -- the progress total ---------------------------------------------------------------------------
+
+RUN_COUNTS = [
+    # (argv, the runs made, counted by hand from the arguments)
+    (["rates", "--problem", "cauchy", "--method", "lmo-sign", "--T", "10,20,10", "--seeds", "2"], 2),  # T once each
+    (["rates", "--suite", "--problem", "cauchy", "--method", "lmo-sign,lmo-l2", "--T", "10,20", "--seeds", "2"],
+     2 * 3 * 2),  # methods x {sync, tau=1, tau=1+EF} x T
+    (["compare", "--problem", "cauchy", "--methods", "lmo-sign,adam", "--modes", "sync,ef", "--T", "10",
+      "--seeds", "2"], 2 * 2),
+    (["cost", "--problem", "cauchy", "--method", "lmo-l2", "--T", "10", "--seeds", "2", "--betas", "0.5,0.9"],
+     5 + 2),  # 5 etas, 2 betas
+    # 2 problems x {sync, tau=1, tau=1+EF} x 1 lr, 3 stability modes, then the bound check of the
+    # declared LMO method: 2 problems x 3 modes (main before this change counted 9: no bound check)
+    (["profile", "--optimizer", "lmo-sign", "--kwargs", '{"lr": 1, "beta": 0.9}', "--problems", "cauchy,logdet",
+      "--delays", "1", "--lr-scales", "1", "--T", "5,10", "--seeds", "2"], 2 * 3 * 1 + 3 + 2 * 3),
+    # {sync, tau=1} x one lr (1,1 is one lr); before: 2 x 2
+    (["profile", "--optimizer", "torch.optim:SGD", "--kwargs", '{"lr": 0.05}', "--problems", "cauchy",
+      "--delays", "1", "--no-ef", "--lr-scales", "1,1", "--T", "5", "--seeds", "2", "--no-stability"], 2),
+    # Muon skips the vector problem: logdet x 3 modes x 1 lr + 3 stability modes; before: 2 x 3 + 3
+    (["profile", "--optimizer", "torch.optim:Muon", "--kwargs", '{"lr": 0.02}', "--problems", "cauchy,logdet",
+      "--delays", "1", "--lr-scales", "1", "--T", "5", "--seeds", "2"], 3 + 3),
+]
+
+
+@pytest.mark.parametrize("argv,runs", RUN_COUNTS, ids=lambda x: x[0] if isinstance(x, list) else str(x))
+def test_the_progress_total_is_the_number_of_runs(capsys, tmp_path, monkeypatch, argv, runs):
+    from delaylab.run_folder import RunFolder
+
+    seen = {"total": [], "advanced": 0}
+    open_, advance = RunFolder.open, RunFolder.advance
+
+    def spy_open(self, *a, **kw):
+        seen["total"].append(kw["total"])
+        return open_(self, *a, **kw)
+
+    def spy_advance(self, n=1):
+        seen["advanced"] += n
+        return advance(self, n)
+
+    monkeypatch.setattr(RunFolder, "open", spy_open)
+    monkeypatch.setattr(RunFolder, "advance", spy_advance)
+    rc, _, _ = run_cli(capsys, "toy", *argv, "--out", str(tmp_path / "run"))
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert rc == 0 and seen == {"total": [runs], "advanced": runs} and len(lines) == runs

@@ -27,7 +27,7 @@ from delaylab._io import save_torch, write_json
 from delaylab.errors import ConfigError, MissingFile
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.data import load_dataset
-from delaylab.llm.harness import RunFolder, summary_base
+from delaylab.llm.run.folder import TrainFolder as RunFolder, summary_base
 from delaylab.llm.model import GPT, autocast
 from delaylab.llm.pipeline import checkpoint
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from delaylab.errors import ConfigError, DelaylabError, MissingFile
 from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
-from delaylab.llm.harness import CONFIG, RunFolder
+from delaylab.llm.run.folder import TrainFolder as RunFolder
+from delaylab.run_folder import CONFIG
 from delaylab.llm.pipeline import checkpoint
 from delaylab.llm.pipeline.engine import FAILURE, run_rank
 

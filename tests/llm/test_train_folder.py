@@ -1,4 +1,4 @@
-"""The run folder both engines share: guard, resume check, metrics and their mirrors, divergence."""
+"""The llm run folder both engines share: guard, resume check, metrics and their mirrors, divergence."""
 
 import json
 import sys
@@ -7,7 +7,7 @@ import types
 import pytest
 
 from delaylab.errors import ConfigError, MissingExtra
-from delaylab.llm.harness import RunFolder
+from delaylab.llm.run.folder import TrainFolder
 from delaylab.llm.train import train
 
 
@@ -74,7 +74,7 @@ def test_a_missing_logger_is_a_one_line_hint(quick, corpus, tmp_path, monkeypatc
 
 
 def test_only_the_writer_writes(quick, tmp_path):
-    run = RunFolder(quick().resolved(), tmp_path / "run", writer=False)
+    run = TrainFolder(quick().resolved(), tmp_path / "run", writer=False)
     run.open()
     run.record(1, tokens=10, time=1.0)
     run.close()
