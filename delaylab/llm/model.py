@@ -197,7 +197,7 @@ class _AttachAuxLoss(torch.autograd.Function):
 class MoE(nn.Module):
     """A mixture of ``E`` MLP experts with token-choice top-``k`` routing, in place of the MLP.
 
-    - **Router**: ``p = softmax(router(x))`` over the E experts (in float32 at least), each token
+    - **Router**: ``p = softmax(router(x))`` over the E experts (the softmax in float32 at least), each token
       goes to its k most probable experts, and expert e's output is weighted by ``p_e`` itself:
       the gates are *not* renormalized over the top k (Switch Transformer's choice, Fedus et al.
       2022, JMLR 23(120), eq. 2: with k = 1 renormalized gates would all be 1 and the router
@@ -227,11 +227,13 @@ class MoE(nn.Module):
       https://kellerjordan.github.io/posts/muon/, and torch.optim.Muon's docs), the router is a
       small E-way classifier over the hidden state; marin's MoE Muon runs put only the expert
       MLP matrices on Muon (marin-community/marin#5517). Moonlight's example code (Liu et al.
-      2025) would give every 2-D matrix but the embedding and head to Muon: practice varies.
+      2025, arXiv:2502.16982) gives every 2-D matrix but the embedding and head to Muon:
+      practice varies.
     - **Load statistics** of the last training forward, non-persistent buffers (not in the
       state_dict): ``load[e]``, the share of assignments that chose e (before capacity),
       ``dropped``, the share dropped over capacity, and ``aux_loss`` (unscaled); :func:`moe_load`
-      reads them.
+      reads them. DDP broadcasts replica 0's buffers before each forward, which then overwrites
+      them: harmless, one small collective.
     """
 
     def __init__(self, cfg: GPTConfig):
