@@ -53,6 +53,13 @@ class ModelConfig:
     block_size: int | None = _f(None, "context length (default: the preset's)")
     dtype: str = _f("float32", "parameter dtype: float32, or float64 on the CPU for equivalence checks "
                     "(every optimizer then computes in float64)", choices=DTYPES)
+    mlp_hidden: int | None = _f(None, "MLP hidden width; with --moe-experts each expert's (default: the "
+                                "preset's)")
+    moe_experts: int = _f(0, "mixture of experts: E experts in every block's MLP (0: the dense MLP)")
+    moe_top_k: int = _f(2, "MoE: experts per token, k, in [1, E]")
+    moe_capacity_factor: float = _f(1.25, "MoE: each expert takes at most min(T, ceil(factor T k / E)) of a "
+                                    "sequence's T tokens; the rest of its assignments are dropped")
+    moe_aux_loss_coef: float = _f(0.01, "MoE: load-balancing loss coefficient (Switch Transformer's alpha)")
 
 
 @dataclass
@@ -244,8 +251,10 @@ class Config:
         from delaylab.llm.model import preset
 
         m = self.model
-        over = {"vocab_size": vocab_size, "dropout": m.dropout}
-        for name in ("n_layer", "mlp", "tie_embeddings", "block_size"):
+        moe = ("moe_experts", "moe_top_k", "moe_capacity_factor", "moe_aux_loss_coef")
+        over = {"vocab_size": vocab_size, "dropout": m.dropout, **{name: getattr(m, name) for name in moe},
+                "grad_accum": self.data.grad_accum or 1}  # the aux loss's gradient takes the LM loss's 1/M
+        for name in ("n_layer", "mlp", "tie_embeddings", "block_size", "mlp_hidden"):
             if getattr(m, name) is not None:
                 over[name] = getattr(m, name)
         return preset(m.preset, **over)

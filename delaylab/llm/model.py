@@ -7,10 +7,15 @@
 A pipeline stage is any contiguous piece of that chain (``embed`` + ``blocks[:k]``, ...,
 ``blocks[j:]`` + ``head``); :func:`lm_loss` is the one place the loss is computed.
 
+With ``moe_experts = E > 0`` each block's MLP is a mixture of E experts (:class:`MoE`, top-k
+token-choice routing); its load-balancing loss reaches the backward through the hidden states,
+so every engine trains it without knowing it exists, and :func:`moe_load` reads the router's load.
+
 Parameter names are what ``delaylab.optim.build_optimizer("muon", model)`` routes on:
 everything under ``embed.`` or ``head.`` (and every non-2-D tensor: norms, biases) goes to
-AdamW, the 2-D matrices inside ``blocks.`` go to Muon. Block parameters therefore never
-contain the words "embed" or "head" (attention heads live in ``attn.q/k/v/proj``).
+AdamW, the 2-D matrices inside ``blocks.`` go to Muon (but an MoE router, which names itself
+through ``no_muon_parameters``). Block parameters therefore never contain the words "embed" or
+"head" (attention heads live in ``attn.q/k/v/proj``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ class GPTConfig:
     n_kv_head: int | None = None  # grouped-query attention; None = n_head (plain multi-head)
     mlp_hidden: int | None = None  # None = the mlp's usual width (see ``hidden``)
     bias: bool = False  # biases in Linear layers and LayerNorms
+    # Mixture of experts (see MoE): E experts per MLP, 0 = the dense MLP; each token goes to k.
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_capacity_factor: float = 1.25  # slots per expert and sequence: ceil(factor * T * k / E), <= T
+    moe_aux_loss_coef: float = 0.01  # Switch Transformer's alpha
+    # Microbatches per update, M: the engines backpropagate loss / M, so the load-balancing
+    # loss's gradient is scaled by moe_aux_loss_coef / M alike (no engine knows the aux loss).
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         if self.mlp not in ("gelu", "swiglu"):
@@ -51,6 +64,19 @@ class GPTConfig:
             raise ConfigError(f"n_head={self.n_head} is not divisible by n_kv_head={self.kv_heads}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.mlp_hidden is not None and self.mlp_hidden < 1:
+            raise ConfigError(f"mlp_hidden must be >= 1, got {self.mlp_hidden}")
+        for name, low in (("moe_experts", 0), ("grad_accum", 1)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.moe_experts:
+            if not 1 <= self.moe_top_k <= self.moe_experts:
+                raise ConfigError(f"moe_top_k must be in [1, moe_experts={self.moe_experts}], "
+                                  f"got {self.moe_top_k}")
+            if not (0 < self.moe_capacity_factor < math.inf):
+                raise ConfigError(f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor}")
+            if not (0 <= self.moe_aux_loss_coef < math.inf):
+                raise ConfigError(f"moe_aux_loss_coef must be >= 0, got {self.moe_aux_loss_coef}")
 
     @property
     def kv_heads(self) -> int:
@@ -147,6 +173,138 @@ class MLP(nn.Module):
         return self.down(h)
 
 
+class _AttachAuxLoss(torch.autograd.Function):
+    """``h`` unchanged in the forward; the backward passes ``h``'s gradient through and gives
+    ``aux`` the gradient ``scale``, as if ``scale * aux`` had been added to the loss.
+
+    The idea of Megatron-LM's ``MoEAuxLossAutoScaler``: the aux loss rides on the activations,
+    so whoever backpropagates them (a trainer's ``loss.backward()``, a pipeline stage's
+    ``out.backward(grad)``, DDP, FSDP2) backpropagates it too, once per microbatch.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return h
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+class MoE(nn.Module):
+    """A mixture of ``E`` MLP experts with token-choice top-``k`` routing, in place of the MLP.
+
+    - **Router**: ``p = softmax(router(x))`` over the E experts (the softmax in float32 at least), each token
+      goes to its k most probable experts, and expert e's output is weighted by ``p_e`` itself:
+      the gates are *not* renormalized over the top k (Switch Transformer's choice, Fedus et al.
+      2022, JMLR 23(120), eq. 2: with k = 1 renormalized gates would all be 1 and the router
+      would get no gradient from the LM loss).
+    - **Groups and capacity**: tokens are routed per sequence (a GShard "group", Lepikhin et al.
+      2021, ICLR, Algorithm 1, of S = T tokens). Each expert takes at most
+      ``C = min(T, ceil(moe_capacity_factor * T * k / E))`` assignments per sequence, every
+      token's first choice before any token's second one, and within a choice in sequence order
+      (GShard's priority). An assignment over capacity is dropped: it adds nothing, and a token
+      with all k dropped passes through the block's residual connection unchanged. Routing by
+      sequence keeps data parallelism exact: a replica holds whole sequences.
+    - **Load-balancing loss** (Switch, eq. 4-6, for top-k): per sequence
+      ``aux = E * sum_e f_e * P_e`` with ``f_e`` the share of the sequence's T*k assignments
+      that chose expert e (before capacity) and ``P_e`` the mean router probability of e (1 when
+      both are uniform; E when, with k = 1, all goes to one expert), averaged over the
+      sequences. Its gradient, scaled by ``moe_aux_loss_coef / grad_accum``, joins the backward
+      through :class:`_AttachAuxLoss`; the loss the model returns (and every engine reports)
+      stays the LM loss.
+    - **Experts** are separate :class:`MLP` modules, each with its own 2-D matrices, so Muon
+      orthogonalizes each expert's matrix on its own. All of them run on every call on their
+      fixed-size slot buffers ``[B, C, d]`` (empty slots are zeros), so every expert is in the
+      autograd graph (a zero gradient, never None, when no token came: DDP needs no
+      ``find_unused_parameters``, the delay queue sees the same parameters every call) and the
+      shapes do not depend on the routing (no host sync; ``torch.compile(fullgraph=True)``).
+    - **The router matrix goes to AdamW under Muon** (:meth:`no_muon_parameters`, which
+      ``build_optimizer`` honours): Muon is for hidden layers' matrices (Jordan 2024,
+      https://kellerjordan.github.io/posts/muon/, and torch.optim.Muon's docs), the router is a
+      small E-way classifier over the hidden state; marin's MoE Muon runs put only the expert
+      MLP matrices on Muon (marin-community/marin#5517). Moonlight's example code (Liu et al.
+      2025, arXiv:2502.16982) gives every 2-D matrix but the embedding and head to Muon:
+      practice varies.
+    - **Load statistics** of the last training forward, non-persistent buffers (not in the
+      state_dict): ``load[e]``, the share of assignments that chose e (before capacity),
+      ``dropped``, the share dropped over capacity, and ``aux_loss`` (unscaled); :func:`moe_load`
+      reads them. DDP broadcasts replica 0's buffers before each forward, which then overwrites
+      them: harmless, one small collective.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_experts, self.top_k = cfg.moe_experts, cfg.moe_top_k
+        self.capacity_factor = cfg.moe_capacity_factor
+        self.aux_scale = cfg.moe_aux_loss_coef / cfg.grad_accum
+        self.router = nn.Linear(cfg.d_model, cfg.moe_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.moe_experts))
+        self.register_buffer("load", torch.zeros(cfg.moe_experts), persistent=False)
+        self.register_buffer("dropped", torch.zeros(()), persistent=False)
+        self.register_buffer("aux_loss", torch.zeros(()), persistent=False)
+
+    def capacity(self, T: int) -> int:
+        """Slots per expert and sequence of ``T`` tokens."""
+        return min(T, math.ceil(self.capacity_factor * T * self.top_k / self.n_experts))
+
+    def no_muon_parameters(self) -> list[nn.Parameter]:
+        return [self.router.weight]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        E, k, C = self.n_experts, self.top_k, self.capacity(T)
+        probs = self.router(x).softmax(-1, dtype=torch.promote_types(x.dtype, torch.float32))  # [B, T, E]
+        gate, expert = probs.topk(k, dim=-1)  # [B, T, k]
+        # Assignments in priority order: all first choices (in sequence order), then all second ones.
+        expert = expert.transpose(1, 2).reshape(B, k * T)
+        gate = gate.transpose(1, 2).reshape(B, k * T)
+        chose = torch.zeros(B, k * T, E, dtype=torch.long, device=x.device).scatter_(-1, expert[..., None], 1)
+        # each assignment's place in its expert's queue
+        position = chose.cumsum(1).gather(-1, expert[..., None]).squeeze(-1) - 1
+        kept = position < C
+        # Dispatch into [B, E*C (+1 spare row for the dropped), d] slots, run each expert on its C slots.
+        slot = torch.where(kept, expert * C + position, E * C)
+        token = x.repeat(1, k, 1)  # assignment i carries token i % T
+        slots = x.new_zeros(B, E * C + 1, d).scatter(1, slot[..., None].expand(-1, -1, d), token)
+        slots = slots[:, : E * C].view(B, E, C, d)
+        y = torch.stack([f(slots[:, e]) for e, f in enumerate(self.experts)], 1).view(B, E * C, d)
+        # Combine: each assignment's expert output times its gate (0 when dropped), summed over the k.
+        picked = y.gather(1, slot.clamp(max=E * C - 1)[..., None].expand(-1, -1, d))
+        weight = torch.where(kept, gate, 0.0).to(y.dtype)
+        out = (picked * weight[..., None]).view(B, k, T, d).sum(1)
+
+        f = chose.sum(1).to(probs.dtype) / (k * T)  # [B, E]: share of each sequence's assignments
+        aux = E * (f * probs.mean(1)).sum(-1).mean()
+        if self.training:
+            with torch.no_grad():
+                self.load.copy_(f.mean(0))
+                self.dropped.copy_(1 - kept.to(self.dropped.dtype).mean())
+                self.aux_loss.copy_(aux)
+        if torch.is_grad_enabled() and self.aux_scale > 0:
+            out = _AttachAuxLoss.apply(out, aux, self.aux_scale)
+        return out
+
+
+def moe_load(model: nn.Module) -> dict:
+    """The router load of every MoE layer in ``model`` (a GPT or a pipeline stage), at its last
+    training forward, one list entry per layer: ``moe_imbalance``, the most loaded expert's share
+    over the mean share (``E * max_e load_e``, before capacity: 1 balanced, E / k when every
+    token chose the same k experts),
+    ``moe_dropped``, the share of assignments dropped over capacity, and ``moe_aux``, the
+    load-balancing loss (unscaled). ``{}`` for a dense model; one host sync otherwise (a call for
+    the metrics line, not for every step)."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        return {}
+    stats = torch.stack([torch.stack([m.n_experts * m.load.max(), m.dropped, m.aux_loss]) for m in layers])
+    imbalance, dropped, aux = stats.T.tolist()
+    return {"moe_imbalance": imbalance, "moe_dropped": dropped, "moe_aux": aux}
+
+
 class Block(nn.Module):
     """Pre-norm residual block: ``h + attn(norm(h))``, then ``h + mlp(norm(h))``."""
 
@@ -155,7 +313,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.norm2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.moe_experts else MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -206,7 +364,8 @@ class GPT(nn.Module):
         # GPT-2's scaled init: each residual branch's output matrix gets std / sqrt(2 n_layer),
         # so the residual stream's variance does not grow with depth.
         for block in self.blocks:
-            for w in (block.attn.proj.weight, block.mlp.down.weight):
+            downs = [m.down.weight for m in block.mlp.modules() if isinstance(m, MLP)]  # MLP or experts
+            for w in (block.attn.proj.weight, *downs):
                 nn.init.normal_(w, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     @staticmethod
@@ -225,9 +384,17 @@ class GPT(nn.Module):
         logits = self.head(h)
         return logits, (lm_loss(logits, targets) if targets is not None else None)
 
-    def num_params(self, non_embedding: bool = False) -> int:
-        """Parameters, each tied tensor counted once; ``non_embedding`` drops the position table."""
+    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+        """Parameters, each tied tensor counted once; ``non_embedding`` drops the position table.
+
+        ``active``: the parameters one token passes through, k of the E experts of every MoE
+        layer (the router and everything outside the experts counted whole); the nominal k,
+        whatever capacity drops. A dense model's active count is its total.
+        """
         n = sum(p.numel() for p in self.parameters())
+        if active:
+            for moe in (m for m in self.modules() if isinstance(m, MoE)):
+                n -= (moe.n_experts - moe.top_k) * sum(p.numel() for p in moe.experts[0].parameters())
         return n - self.embed.pos.weight.numel() if non_embedding else n
 
 

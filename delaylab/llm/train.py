@@ -29,7 +29,7 @@ from delaylab.llm import parallel
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.data import load_dataset
 from delaylab.llm.run.folder import TrainFolder as RunFolder, summary_base
-from delaylab.llm.model import GPT, autocast
+from delaylab.llm.model import GPT, autocast, moe_load
 
 CHECKPOINT = "ckpt.pt"  # one process
 CHECKPOINT_DIR = "ckpt"  # data-parallel replicas: a torch.distributed.checkpoint folder
@@ -283,7 +283,8 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
             final = k == steps
             if k % r.log_every == 0 or final or k % r.eval_every == 0:
                 values = {"calls": trainer.calls, "tokens": trainer.calls * trainer.tokens_per_call,
-                          "lr": trainer.opt.param_groups[0]["lr"], "time": run.state["train_time"]}
+                          "lr": trainer.opt.param_groups[0]["lr"], "time": run.state["train_time"],
+                          **moe_load(trainer.model)}  # the router's load at the last microbatch ({} if dense)
                 if k % r.eval_every == 0 or final:
                     t_eval = time.perf_counter()
                     values["val_loss"] = trainer.evaluate()

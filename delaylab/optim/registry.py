@@ -58,8 +58,9 @@ def _named_params(model_or_params) -> tuple[list[tuple[str, torch.Tensor]], set[
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         excluded = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
         excluded |= {id(p) for n, p in named if any(part in n for part in _NO_MUON_NAME_PARTS)}
-        if hasattr(model, "no_muon_parameters"):
-            excluded |= {id(p) for p in model.no_muon_parameters()}
+        # any submodule may name its own (delaylab.llm.model.MoE: the router), found in a pipeline stage too
+        excluded |= {id(p) for m in model.modules() if hasattr(m, "no_muon_parameters")
+                     for p in m.no_muon_parameters()}
         return named, excluded
     if isinstance(model_or_params, torch.Tensor):
         model_or_params = [model_or_params]

@@ -13,7 +13,9 @@ from delaylab.llm.config import Config, leaf_fields
 SAMPLES = {
     "preset": ("small", "small"), "n_layer": ("3", 3), "mlp": ("swiglu", "swiglu"),
     "tie_embeddings": ("true", True), "dropout": ("0.1", 0.1), "block_size": ("16", 16),
-    "dtype": ("float64", "float64"), "data": ("a.txt", "a.txt"), "tokenizer": ("bpe", "bpe"),
+    "dtype": ("float64", "float64"), "mlp_hidden": ("96", 96), "moe_experts": ("4", 4), "moe_top_k": ("1", 1),
+    "moe_capacity_factor": ("2", 2.0), "moe_aux_loss_coef": ("0.1", 0.1),
+    "data": ("a.txt", "a.txt"), "tokenizer": ("bpe", "bpe"),
     "vocab_size": ("512", 512), "text_field": ("body", "body"), "val_fraction": ("0.2", 0.2),
     "batch_size": ("8", 8), "grad_accum": ("3", 3), "optimizer": ("muon", "muon"), "lr": ("0.02", 0.02),
     "momentum": ("0.9", 0.9), "weight_decay": ("0.01", 0.01), "lr_schedule": ("wsd", "wsd"),

@@ -109,8 +109,9 @@ def test_gpu_presets_have_the_paper_model_sizes(name, published):
     assert abs(n - published) < 0.05e6
 
 
-def test_parameter_names_route_matrices_of_blocks_to_muon():
-    model = tiny(tie_embeddings=False)
+@pytest.mark.parametrize("experts", [0, 4])
+def test_parameter_names_route_matrices_of_blocks_to_muon(experts):
+    model = tiny(tie_embeddings=False, moe_experts=experts)
     for name, p in model.named_parameters():
         outside_blocks = name.startswith(("embed.", "head."))
         assert outside_blocks == ("embed" in name or "head" in name), name
