@@ -99,10 +99,12 @@ def require_latest(root: Path, stages: int) -> int:
 def load_part(root: Path, step: int, stage: int, mesh=None, group=None) -> dict:
     """Stage ``stage``'s part of ``step``, tensors on the CPU (FSDP2 shards as DTensors on ``mesh``,
     whole without one); every member of ``group`` (the stage's replicas) must call it alike."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
     path = part_path(root, step, stage)
     try:
         part = _load(path, mesh, group)
-    except Exception as err:  # a damaged or foreign folder
+    except (Exception, CheckpointException) as err:  # a damaged or foreign folder
         raise ConfigError(f"{path}: not a delaylab checkpoint ({type(err).__name__})") from None
     if not isinstance(part, dict) or part.get("format") != FORMAT:
         found = part.get("format", "?") if isinstance(part, dict) else "?"
