@@ -11,6 +11,7 @@ binds the group to it at once. Backend: NCCL on CUDA, gloo on the CPU. The timeo
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 
 import torch
@@ -30,8 +31,6 @@ class PeerFailure(RuntimeError):
 
 def short(err: BaseException) -> str:
     """The first line of an error, without gloo's source location and advice."""
-    import re
-
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     text = re.sub(r"^\[[^\]]*\] ", "", text)  # "[.../pair.cc:537] Read error ..."
     return text.split(". This is typically")[0]

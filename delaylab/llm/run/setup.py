@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from delaylab.errors import ConfigError
 from delaylab.llm import checkpoint
 from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
@@ -119,6 +120,8 @@ def open_run(setup: Setup, out, *, writer: bool, resume: bool):
     ckpts = checkpoint.Checkpoints(run.out, setup.stages, setup.stage, mesh.dp_group if mesh is not None else None)
     part = None
     if resume:
+        if ckpts.root is None:
+            raise ConfigError("resume needs the run's folder")
         step = checkpoint.require_latest(ckpts.root, setup.stages)
         part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
         run.check_same_run(part["config"], ckpts.root)
