@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from delaylab.llm.config import Config
-from delaylab.llm.train import train, train_replicas
+from delaylab.llm.run.trainer import train, train_replicas
 
 TARGET = 1.6  # D = 2 over D = 1 on 2 cores, `small` preset, one thread per replica
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 def _pipeline(base: Config, root: Path, rounds: int) -> dict | None:
     """Pipeline P=2 x D=2 tokens/s, 2bw vs 1f1b (None where the engine has no --dp yet)."""
     from delaylab.errors import DelaylabError
-    from delaylab.llm.pipeline.launch import run_jobs
+    from delaylab.llm.run.rank import run_jobs
 
     jobs = []
     for r in range(rounds):

@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     Ms = [int(m) for m in args.microbatches.split(",")]
 
     from delaylab.llm.config import Config
-    from delaylab.llm.pipeline.launch import run_jobs
-    from delaylab.llm.pipeline.simulator import Costs, simulate
+    from delaylab.llm.run.rank import run_jobs
+    from delaylab.llm.pipeline.cost_model import Costs, simulate
     from delaylab.llm.pipeline.schedules import Schedule
     from delaylab.llm.pipeline.timeline import Timeline
 
@@ -142,14 +142,14 @@ def _figures(folder: Path, tl: dict, M: int, args, P: int) -> None:
     from matplotlib.figure import Figure
 
     from delaylab.llm.pipeline.schedules import Schedule
-    from delaylab.llm.pipeline.simulator import Costs, simulate
+    from delaylab.llm.pipeline.cost_model import Costs, simulate
     from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
 
     folder.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(4, 1)
     Pd, Md, steps = 4, 4, 3
-    from delaylab.llm.pipeline.simulator import predict
+    from delaylab.llm.pipeline.cost_model import predict
 
     unit = Costs.make(Pd, 1.0, 2.0)
     for ax, (name, m) in zip(axes, [("gpipe", Md), ("1f1b", Md), ("2bw", Md), ("pipedream", 1)]):

@@ -4,7 +4,7 @@
                                             [--chunk 3] [--threads 1] [--json]
 
 One process holds four runs of the same model, seed and batches: a bare loop (forward,
-backward, ``opt.step()``, ``zero_grad``), and ``delaylab.llm.train.Trainer`` in sync, delayed
+backward, ``opt.step()``, ``zero_grad``), and ``delaylab.llm.run.trainer.Trainer`` in sync, delayed
 and delayed+EF mode. They take turns, ``--chunk`` steps each, until each has made ``--steps``
 timed steps (after two untimed warm-up steps), so machine noise falls on all four alike.
 Reported: tokens/s per variant and the ratios trainer/bare (target >= 0.95), delayed/sync
@@ -25,7 +25,7 @@ import torch
 from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT
 from delaylab.llm.config import Config
-from delaylab.llm.train import Trainer, train
+from delaylab.llm.run.trainer import Trainer, train
 from delaylab.optim import build_optimizer
 
 TARGETS = {"trainer/bare": 0.95, "delayed/sync": 0.97, "ef/sync": 0.95}

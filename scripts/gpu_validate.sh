@@ -5,7 +5,8 @@
 #                preset with byte tokens and untied embeddings (about 100M parameters); prints
 #                tokens/s per GPU and the bubble fraction of each, and 2bw's speed-up next to
 #                the ideal (M+P-1)/M.
-#   one GPU:     the simulator at that size instead, from per-stage costs measured on the GPU.
+#   one GPU:     the cost model at that size instead, from per-stage costs measured on the GPU
+#                (`delaylab llm advise`).
 #
 # Environment: PY (default .venv/bin/python), OUT (default runs/gpu_validate), STAGES (default:
 # min(G, 4)), M (8), STEPS (30), BATCH (4), BLOCK (1024), PRESET (135m). DRY=1 runs the same
@@ -53,6 +54,6 @@ speedup = runs["1f1b"]["seconds_per_batch"] / runs["2bw"]["seconds_per_batch"]
 print(f"  2bw over 1f1b: {speedup:.3f} per batch (ideal (M+P-1)/M = {(M + P - 1) / M:.3f})")
 EOF
 else
-  "$PY" -m delaylab.llm.pipeline.profile --preset "$PRESET" --stages 4 --microbatches "$M" \
+  "$PY" -m delaylab llm advise --preset "$PRESET" --stages 4 --microbatches "$M" \
     --batch-size "$BATCH" --block-size "$BLOCK"
 fi

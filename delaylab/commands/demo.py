@@ -29,7 +29,7 @@ def ordering(gaps: dict, first: str = "adamw", second: str = "muon") -> dict | N
 
 
 def cmd_demo(args) -> int:
-    from delaylab.commands.llm import _render_gaps
+    from delaylab.commands.llm import render_gaps
     from delaylab.llm.config import Config
     from delaylab.llm.sweep import sweep
 
@@ -44,7 +44,7 @@ def cmd_demo(args) -> int:
     def render(g: dict) -> str:
         lines = [f"delaylab demo: small GPT (4 layers), {args.steps} updates of 16 x 64 tokens, Shakespeare, "
                  f"{args.seeds} seeds (loss = final validation loss; gap = delayed - sync; EF % = share of the gap "
-                 f"EF recovers)", _render_gaps(g)]
+                 f"EF recovers)", render_gaps(g)]
         o = g["ordering"]
         if o is not None:
             d = o["difference"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from delaylab.commands import pipeline
@@ -20,9 +21,11 @@ def _render_summary(s: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    from delaylab.llm import parallel
+    from delaylab.errors import Diverged
+    from delaylab.llm.distributed.launch import as_rank
+    from delaylab.llm.distributed.world import under_launcher
     from delaylab.llm.run.folder import require_folder
-    from delaylab.llm.train import train, train_replicas
+    from delaylab.llm.run.trainer import train, train_replicas
 
     if args.resume:
         reject_changes_on_resume(args, args.resume)
@@ -34,11 +37,12 @@ def cmd_train(args) -> int:
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
     cfg = cfg.resolved("simulator")
-    if cfg.parallel.dp > 1 and not parallel.under_launcher():  # start the D replicas ourselves
+    if cfg.parallel.dp > 1 and not under_launcher():  # start the D replicas ourselves
         summary = train_replicas(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
-    else:
-        summary = train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
-        if parallel.world()[0] != 0:  # under torchrun, replica 0 reports
+    else:  # one process, or this replica under torchrun (they all see the same loss: a NaN stops each)
+        summary = as_rank(lambda: train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at),
+                          stages=1, dp=cfg.parallel.dp, passes=(Diverged,))
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, replica 0 reports
             return 0
     emit(summary, args.json, _render_summary)
     return 0
@@ -68,7 +72,8 @@ def _per_optimizer(values: list[str] | None, flag: str, lower: float, upper: flo
     return per or shared
 
 
-def _render_gaps(g: dict) -> str:
+def render_gaps(g: dict) -> str:
+    """The gap table of a sweep (``llm sweep``, ``demo``)."""
     from delaylab.llm.metrics import fmt_overhead
 
     def f(v, fmt=".4f"):
@@ -142,13 +147,13 @@ def cmd_sweep(args) -> int:
     lrs = _per_optimizer(args.lrs, "--lrs", 0.0)
     momenta = _per_optimizer(args.momenta, "--momentum", 0.0, 1.0)
     gaps = sweep(config_from_args(args), args.out, args.optimizers, args.modes, lrs, momenta, args.seeds, jobs=args.jobs)
-    emit(gaps, args.json, _render_gaps)
+    emit(gaps, args.json, render_gaps)
     return 0
 
 
 def cmd_advise(args) -> int:
     from delaylab.llm.advise import Overheads, advise, plot, render
-    from delaylab.llm.pipeline.simulator import Costs
+    from delaylab.llm.pipeline.cost_model import Costs
 
     given = [args.forward, args.backward]
     if any(v is not None for v in given) and not all(v is not None for v in given):
@@ -176,7 +181,7 @@ def cmd_advise(args) -> int:
     else:
         import torch
 
-        from delaylab.llm.pipeline.profile import measure_costs
+        from delaylab.llm.pipeline.measure_costs import measure_costs
 
         costs = measure_costs(cfg, cfg.torch_device())
         source = f"measured on {cfg.torch_device()} ({torch.get_num_threads()} threads)"
@@ -205,7 +210,7 @@ def register(sub) -> None:
         "train", help="train a GPT: sync, delayed (any tau), EF / DC-ASGD, sync start/cooldown",
         description="Train a GPT in one process with the exact gradient-delay simulator (--delay 0 is "
         "synchronous; --schedule 2bw --stages P simulates that pipeline: the same flags give the same run "
-        "as `delaylab llm pipeline`). Writes config.json, metrics.jsonl, summary.json and ckpt.pt under --out.",
+        "as `delaylab llm pipeline`). Writes config.json, metrics.jsonl, summary.json and ckpt/ under --out.",
     )
     add_config_flags(t)
     t.add_argument("--out", metavar="DIR", help="run folder (must not hold a run already)")

@@ -7,15 +7,10 @@ llm pipeline --stages P ...``), runs the rank it is.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from delaylab.commands._common import UsageError, add_json_flag, emit
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
-
-
-def _under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
 def _render(s: dict) -> str:
@@ -32,7 +27,7 @@ def _render(s: dict) -> str:
 
 def _show_schedule(cfg) -> int:
     from delaylab.llm.pipeline.schedules import Schedule
-    from delaylab.llm.pipeline.simulator import Costs, predict
+    from delaylab.llm.pipeline.cost_model import Costs, predict
 
     P, M = cfg.parallel.stages, cfg.data.grad_accum
     name = cfg.parallel.schedule.removeprefix("torch-")  # torch's runtime, the same order of actions
@@ -44,9 +39,11 @@ def _show_schedule(cfg) -> int:
 
 
 def cmd_pipeline(args) -> int:
+    from delaylab.llm.distributed.launch import as_rank
+    from delaylab.llm.distributed.world import check_world, under_launcher
     from delaylab.llm.run.folder import require_folder
-    from delaylab.llm.pipeline.engine import check_parallel, run_rank
-    from delaylab.llm.pipeline.launch import check_folder, train_pipeline
+    from delaylab.llm.run.rank import run_rank, train_pipeline
+    from delaylab.llm.run.setup import check_folder
 
     if args.resume:
         reject_changes_on_resume(args, args.resume)
@@ -60,10 +57,11 @@ def cmd_pipeline(args) -> int:
         raise UsageError("give --out DIR (or --resume DIR)")
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
-    if _under_torchrun():
-        check_parallel(cfg, int(os.environ["WORLD_SIZE"]))  # P x D ranks, or one line and exit 2
-        check_folder(cfg, folder, bool(args.resume))
-        summary = run_rank(cfg, folder, bool(args.resume), args.stop_at)
+    if under_launcher():
+        P, D = cfg.parallel.stages, cfg.parallel.dp
+        check_world(P, D)  # P x D ranks, or one line and exit 2
+        check_folder(cfg, folder, bool(args.resume), stages=P)
+        summary = as_rank(lambda: run_rank(cfg, folder, bool(args.resume), args.stop_at), stages=P, dp=D)
         if summary is not None:  # the last stage reports
             emit(summary, args.json, _render)
         return 0

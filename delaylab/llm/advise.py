@@ -7,7 +7,7 @@ by a sweep). The wall time to a target is therefore
     time per update x updates of the synchronous run x token overhead,
 
 with overhead 1 for the synchronous schedules. Time per update comes from the event-driven
-simulator (:mod:`delaylab.llm.pipeline.simulator`) for the schedules the engine runs (GPipe,
+cost model (:mod:`delaylab.llm.pipeline.cost_model`) for the schedules the engine runs (GPipe,
 1F1B, 2BW, PipeDream), on per-stage costs given or measured. PipeDream takes a whole batch (M
 microbatches' tokens) as its unit, so it is simulated with M-fold forward, backward and message
 costs and one update per unit. Interleaved 1F1B and ZB-H1 are *modelled*, not run: the
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from delaylab.errors import ConfigError
-from delaylab.llm.pipeline.simulator import Costs, predict
+from delaylab.llm.pipeline.cost_model import Costs, predict
 
 ENGINE_SCHEDULES = ("gpipe", "1f1b", "2bw", "pipedream")
 MODELLED = ("interleaved-1f1b", "zb-h1")

@@ -1,7 +1,7 @@
 """Grids of runs (optimizer x mode x lr x momentum x seed) and the delay gap they measure.
 
 ``sweep(base, out, optimizers, modes, lrs, momenta, seeds)`` runs every cell in
-``out/cells/<cell>/`` through :func:`delaylab.llm.train.train` (finished cells are read, not
+``out/cells/<cell>/`` through :func:`delaylab.llm.run.trainer.train` (finished cells are read, not
 rerun; interrupted ones resume from their checkpoint), then writes
 
 - ``gaps.json``: per optimizer, at its best sync lr, the sync, delayed and EF losses with
@@ -31,9 +31,10 @@ from pathlib import Path
 from delaylab._io import write_json
 from delaylab.errors import ConfigError, Diverged
 from delaylab.llm import metrics
+from delaylab.llm.checkpoint import ROOT, latest_complete
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
 from delaylab.run_folder import METRICS
-from delaylab.llm.train import CHECKPOINT, train
+from delaylab.llm.run.trainer import train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
 SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"),
@@ -94,7 +95,7 @@ def run_cell(base: dict, cell: Cell, folder: str) -> dict:
         if cfg.differences(saved):
             raise ConfigError(f"{folder} was run with another config; use another sweep folder")
         return json.loads(summary.read_text())
-    resume = (folder / CHECKPOINT).is_file()
+    resume = latest_complete(folder / ROOT, 1) is not None
     if not resume and folder.exists():
         shutil.rmtree(folder)  # an attempt that stopped before its first checkpoint
     try:

@@ -7,7 +7,7 @@ import pytest
 from delaylab.cli import main
 from delaylab.errors import ConfigError
 from delaylab.llm.advise import Overheads, advise
-from delaylab.llm.pipeline.simulator import Costs
+from delaylab.llm.pipeline.cost_model import Costs
 
 
 @pytest.mark.parametrize("P,M,F,B,W,v", [(4, 8, 1.0, 2.0, 1.0, 2), (2, 4, 0.5, 1.5, 0.3, 4), (3, 3, 1.0, 1.0, 0.0, 3)])

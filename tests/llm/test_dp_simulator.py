@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from delaylab.errors import ConfigError
-from delaylab.llm import parallel
+from delaylab.llm import checkpoint
 from delaylab.llm.config import Config
-from delaylab.llm.train import Trainer, train, train_replicas
+from delaylab.llm.run.trainer import Trainer, train, train_replicas
 
 pytestmark = pytest.mark.dist
 
@@ -39,7 +39,7 @@ def one_process_weights(c: Config) -> dict:
 
 
 def replica_weights(folder) -> dict:
-    return parallel.load_state(folder / "ckpt")["model"]
+    return checkpoint.read(folder)["model"]
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -90,7 +90,7 @@ def test_resume_after_a_stop_and_after_kill_9_is_exact(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 120
-    while not (killed / "ckpt").is_dir():
+    while checkpoint.latest_complete(killed / "ckpt", 1) is None:
         assert time.time() < deadline and proc.poll() is None, "the run never checkpointed"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -121,9 +121,11 @@ def test_fsdp2_refuses_optimizers_that_need_whole_matrices(monkeypatch):
 
 
 def test_one_process_runs_are_unchanged(tmp_path):
-    """dp=1 keeps ckpt.pt and no process group: the run before data parallelism, bit for bit."""
+    """dp=1 starts no process group: the run before data parallelism, bit for bit; its checkpoint has
+    the layout of every engine (one stage's part)."""
     s = train(cfg(dtype="float32", steps=4), tmp_path / "run")
-    assert (tmp_path / "run" / "ckpt.pt").is_file() and not (tmp_path / "run" / "ckpt").exists()
+    assert [p.name for p in (tmp_path / "run" / "ckpt").iterdir()] == ["step_0000004"]
+    assert [p.name for p in (tmp_path / "run" / "ckpt" / "step_0000004").iterdir()] == ["stage_0"]
     assert s["dp"] == 1 and not torch.distributed.is_initialized()
 
 
@@ -138,9 +140,9 @@ def test_a_nan_stops_every_replica_and_keeps_the_last_good_checkpoint(tmp_path, 
                  "--threads", "1", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 1 and "delaylab: diverged:" in err and len(err.strip().splitlines()) == 1, err
-    state = parallel.load_state(out / "ckpt")
+    state = checkpoint.read(out)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
-    assert not (out / "ckpt.pending").exists()
+    assert not list((out / "ckpt").glob("*/*.pending"))
 
 
 @pytest.mark.timeout(180)

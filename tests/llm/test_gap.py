@@ -9,7 +9,7 @@ a margin well inside those numbers, is asserted; EF's effect is too seed-depende
 size to assert.
 """
 
-from delaylab.llm.train import train
+from delaylab.llm.run.trainer import train
 
 
 def test_delay_gap_of_adamw_exceeds_muons(quick, corpus):

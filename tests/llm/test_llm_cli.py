@@ -27,7 +27,8 @@ def test_train_json_prints_the_summary_and_writes_the_run(tmp_path, capsys):
     for key in ("val_loss", "train_loss", "steps", "tokens", "tokens_per_s", "optimizer", "mode", "correction"):
         assert key in summary
     assert (summary["optimizer"], summary["mode"], summary["correction"], summary["steps"]) == ("muon", "delayed", "ef", 6)
-    assert summary["tokens"] == 7 * 4 * 32  # 6 updates take 7 calls with tau = 1
+    # 6 updates take 7 calls with tau = 1; tokens count the 6 batches whose gradients were applied
+    assert (summary["tokens"], summary["calls"]) == (6 * 4 * 32, 7)
     assert json.loads((out / "summary.json").read_text()) == summary
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines][-1] == 6
@@ -69,12 +70,15 @@ def test_bad_data_files_and_foreign_checkpoints(tmp_path, capsys):
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
     run_dir = tmp_path / "run"
     assert run(capsys, "llm", "train", *QUICK, "--steps", "2", "--out", str(run_dir))[0] == 0
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    def files():
+        return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    before = files()
     code, _, err = run(capsys, "llm", "train", "--resume", str(run_dir), "--lr", "0.5")
     assert code == 2 and "another config" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "llm", "train", *QUICK, "--steps", "2", "--out", str(run_dir))
     assert code == 2 and "already holds a run" in err
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert files() == before
 
 
 def test_sweep_cli_prints_gaps_json(tmp_path, capsys):

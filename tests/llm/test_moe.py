@@ -13,10 +13,11 @@ from torch import nn
 from delaylab.cli import main
 from delaylab.errors import ConfigError
 from delaylab.llm.config import Config
+from delaylab.llm import checkpoint
 from delaylab.llm.model import GPT, MLP, GPTConfig, MoE, moe_load, preset
-from delaylab.llm.pipeline.launch import run_jobs
 from delaylab.llm.pipeline.stages import Stage
-from delaylab.llm.train import Trainer, train, train_replicas
+from delaylab.llm.run.rank import run_jobs
+from delaylab.llm.run.trainer import Trainer, train, train_replicas
 from delaylab.optim import build_optimizer
 
 TOL = 1e-10
@@ -271,7 +272,7 @@ def test_resume_of_an_moe_run_is_bit_exact(tmp_path):
     train(cfg, tmp_path / "part", stop_at=4)
     resumed = train(cfg, tmp_path / "part", resume=True)
     assert resumed["val_loss"] == full["val_loss"]
-    a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in ("full", "part"))
+    a, b = (checkpoint.read(tmp_path / d)["model"] for d in ("full", "part"))
     assert all(torch.equal(a[n], b[n]) for n in a)
     metrics = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in ("full", "part")]
     strip = [[{k: v for k, v in json.loads(line).items() if k != "time"} for line in m] for m in metrics]
@@ -287,12 +288,11 @@ DP_CASES = {"muon-delayed": dict(optimizer="muon", delay=1),
 def test_two_data_parallel_replicas_equal_one_process_in_float64(tmp_path):
     jobs = [(small_run(dp=2, grad_accum=2, **kw), tmp_path / name) for name, kw in DP_CASES.items()]
     train_replicas(jobs)
-    from delaylab.llm import parallel
 
     for name, kw in DP_CASES.items():
         ref = one_process(small_run(grad_accum=2, **kw))
         assert any(v > 0 for v in moe_load(ref.model)["moe_dropped"])  # the capacity was binding
-        got = parallel.load_state(tmp_path / name / "ckpt")["model"]
+        got = checkpoint.read(tmp_path / name)["model"]
         diff = max_diff(got, ref.model.state_dict())
         print(f"dp=2 vs one process, {name}: max |diff| {diff:.3g}")
         assert diff <= TOL, f"{name}: max |diff| {diff:.3g}"

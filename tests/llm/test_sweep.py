@@ -98,13 +98,13 @@ def test_summarize_adds_overhead_and_diagnostics_from_metrics_lines():
 
 
 def test_render_shows_intervals_overhead_and_diagnostics():
-    from delaylab.commands.llm import _render_gaps
+    from delaylab.commands.llm import render_gaps
 
     records = [dict(rec("adamw", m, 1e-3, s, v), metrics=val_curve(c)) for m, s, v, c in (
         ("sync", 0, 2.2, [3.0, 2.6, 2.4, 2.2]), ("delayed", 0, 2.3, [3.2, 2.8, 2.5, 2.3]),
         ("ef", 0, 2.15, [3.1, 2.7, 2.3, 2.15]))]
     g = {**summarize(records), "figures": [], "warnings": ["too coarse"]}
-    text = _render_gaps(g)
+    text = render_gaps(g)
     assert "> 1.12" in text and "0.92" in text  # delayed's lower bound, EF's 2346.67 / 2560
     # EF recovers (2.3 - 2.15) / (2.3 - 2.2) = 150%, unstable: one seed resolves no gap
     assert "150*" in text and "warning: too coarse" in text

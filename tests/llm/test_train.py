@@ -4,11 +4,12 @@ import math
 import pytest
 import torch
 
-from delaylab.llm.model import GPT
 from delaylab.errors import ConfigError, Diverged
+from delaylab.llm import checkpoint
+from delaylab.llm.model import GPT
 from delaylab.llm.config import lr_factor
 from delaylab.llm.model import stage_ranges
-from delaylab.llm.train import Trainer, train
+from delaylab.llm.run.trainer import Trainer, train
 
 
 def weights(trainer):
@@ -26,8 +27,7 @@ def test_resume_is_bit_exact(quick, corpus, tmp_path, opt, correction, delay):
     resumed = train(cfg, tmp_path / "part", resume=True, dataset=corpus)
     for key in ("val_loss", "train_loss", "steps", "calls", "tokens"):
         assert resumed[key] == full[key], key  # to the last bit
-    a = torch.load(tmp_path / "full" / "ckpt.pt", weights_only=True)
-    b = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)
+    a, b = checkpoint.read(tmp_path / "full"), checkpoint.read(tmp_path / "part")
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
 
@@ -161,25 +161,28 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(quick, corpus, tmp_
         train(cfg, tmp_path, dataset=corpus)
     assert "\n" not in str(err.value) and "last good checkpoint" in str(err.value)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    ckpt = checkpoint.read(tmp_path)
     # the weights of update `steps` gave the NaN; the kept checkpoint is the update before
     assert summary["status"] == "diverged" and ckpt["calls"] == summary["steps"] - 1 >= 1
     model = GPT(Trainer(cfg, corpus).model_cfg)
     model.load_state_dict(ckpt["model"])
     x, y = corpus.batch(ckpt["calls"], cfg.batch_size, 32, cfg.seed)
     assert torch.isfinite(model(x, y)[1])  # the loss the run computed there was finite
-    assert not (tmp_path / "ckpt.pt.pending").exists()
+    assert not list((tmp_path / "ckpt").glob("*/*.pending"))
 
 
 def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
     cfg = quick(steps=2)
     train(cfg, tmp_path, dataset=corpus)
-    snapshot = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    def snapshot():
+        return {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    before = snapshot()
     with pytest.raises(ValueError, match="already holds a run"):
         train(cfg, tmp_path, dataset=corpus)
     with pytest.raises(ValueError, match="another config: lr"):
         train(quick(steps=2, lr=0.5), tmp_path, resume=True, dataset=corpus)
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == snapshot
+    assert snapshot() == before
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(cfg, tmp_path / "empty", resume=True, dataset=corpus)
 
@@ -211,7 +214,7 @@ def test_gradient_accumulation_averages_the_microbatch_gradients(quick, corpus):
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, p, g0, g1 in zip(trainer.model.parameters(), model.parameters(), *grads):
         torch.testing.assert_close(a, p - lr * (g0 + g1) / 2, rtol=1e-5, atol=1e-7)
-    assert trainer.tokens_per_call == 2 * 4 * 32
+    assert trainer.tokens_per_update == 2 * 4 * 32
 
 
 def test_sync_start_and_cooldown_reach_the_optimizer(quick, corpus):
@@ -251,7 +254,7 @@ def test_prediction_runs_the_forward_at_shifted_weights(quick, corpus):
     with torch.no_grad():
         for p in model.parameters():
             p.sub_(opt.state[p]["u_last"])
-        xb, yb = trainer._rows(*trainer.data.batch(trainer.calls, 4, trainer.block, 0))
+        xb, yb = trainer.setup.rows(*trainer.data.batch(trainer.calls, 4, trainer.block, 0))
         want = model(xb, yb)[1].item()
         for n, p in model.named_parameters():
             p.copy_(x[n])
@@ -263,3 +266,34 @@ def test_prediction_runs_the_forward_at_shifted_weights(quick, corpus):
 def test_summary_reports_the_corrector_bytes(quick, corpus, correction, ef_dtype, per_float):
     s = train(quick(correction=correction, ef_dtype=ef_dtype, delay=1, steps=3, device="cpu"), dataset=corpus)
     assert s["corrector_bytes"] == per_float * s["params"]
+
+
+def test_train_loss_counts_the_batches_whose_gradients_were_applied(quick, corpus, tmp_path):
+    """Delay 2 with a 2-update cooldown over 6 updates: calls 0, 1 fill the queue; calls 2-5 apply
+    batches 0-3; the cooldown drops batch 4's queued gradient and calls 6, 7 apply batches 6, 7
+    (undelayed). A line's train_loss is the mean loss of those batches since the last line, and
+    tokens count only them."""
+    cfg = quick(delay=2, sync_cooldown=2, steps=6, log_every=3, eval_every=6)
+    trainer = Trainer(cfg, corpus)
+    losses, applied = [], []
+    while trainer.updates < 6:
+        losses.append(trainer.step())
+        applied.append(trainer.applied_loss)
+    assert trainer.calls == 8
+    assert applied == [None, None, *losses[0:4], losses[6], losses[7]]
+    train(cfg, tmp_path, dataset=corpus)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [3, 6] and [r["calls"] for r in lines] == [5, 8]
+    assert [r["tokens"] for r in lines] == [3 * 4 * 32, 6 * 4 * 32]
+    assert lines[0]["train_loss"] == pytest.approx(sum(losses[0:3]) / 3, rel=1e-12)
+    assert lines[1]["train_loss"] == pytest.approx((losses[3] + losses[6] + losses[7]) / 3, rel=1e-12)
+
+
+def test_per_stage_delays_log_each_step_once(quick, corpus, tmp_path):
+    """With delays [1, 0] the first call updates the last stage only: no step is complete yet, so no
+    line for step 0 (there was one before the accounting of issue 26)."""
+    s = train(quick(delay=[1, 0], steps=4, log_every=1, eval_every=4, tie_embeddings=False), tmp_path,
+              dataset=corpus)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
+    assert (s["steps"], s["calls"], s["tokens"]) == (4, 5, 4 * 4 * 32)

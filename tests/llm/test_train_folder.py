@@ -8,7 +8,7 @@ import pytest
 
 from delaylab.errors import ConfigError, MissingExtra
 from delaylab.llm.run.folder import TrainFolder
-from delaylab.llm.train import train
+from delaylab.llm.run.trainer import train
 
 
 def metrics(folder) -> list[dict]:

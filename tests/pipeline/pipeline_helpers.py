@@ -9,7 +9,7 @@ import time
 import torch
 
 from delaylab.llm.config import Config
-from delaylab.llm.train import Trainer
+from delaylab.llm.run.trainer import Trainer
 
 
 def small(**kw) -> Config:

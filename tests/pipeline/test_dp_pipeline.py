@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from delaylab.cli import main
-from delaylab.llm.pipeline.checkpoint import steps_on_disk
-from delaylab.llm.pipeline.launch import run_jobs, train_pipeline
+from delaylab.llm.checkpoint import steps_on_disk
+from delaylab.llm.run.rank import run_jobs, train_pipeline
 
 from pipeline_helpers import kill_when_running, load_model, max_abs_diff, reference_model, small, start_ranks
 
@@ -89,7 +89,7 @@ def test_dp2_2bw_equals_dp1_and_the_replicas_hold_identical_state(dp_runs, tmp_p
         assert len(digests) == 2 and all(len(set(per_stage)) == 1 for per_stage in digests), name
         assert digests[0][0] != digests[1][0]
     assert sorted(p.name for p in (root / "2bw-adamw-ef" / "ckpt" / "step_0000010").iterdir()) == \
-        ["stage_0.pt", "stage_1.pt"]
+        ["stage_0", "stage_1"]
 
 
 def test_the_tolerance_resolves_the_semantics():
@@ -203,7 +203,8 @@ def test_a_diverging_dp_run_stops_every_rank_before_the_update_and_keeps_its_che
 def test_blame_of_a_collective_waits_for_a_rank_that_saw_who_died():
     """A failed all-reduce of more than two ranks cannot say which member died: it defers to a claim
     that names one, and names no rank if none comes."""
-    from delaylab.llm.pipeline.p2p import _FAILED_KEY, PeerFailure, blame
+    from delaylab.llm.distributed.launch import _FAILED_KEY, blame
+    from delaylab.llm.distributed.world import PeerFailure
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

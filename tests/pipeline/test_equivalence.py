@@ -9,7 +9,7 @@ leaves nothing to round differently, so max |diff| is exactly 0.
 
 import pytest
 
-from delaylab.llm.pipeline.launch import run_jobs
+from delaylab.llm.run.rank import run_jobs
 
 from pipeline_helpers import load_model, max_abs_diff, reference_model, small
 
@@ -74,3 +74,36 @@ def test_sync_schedules_equal_sync_simulator_bitwise(pipeline_runs, name):
     # The check tells the semantics apart: the delayed run of the same config differs.
     delayed = reference_model(small(schedule="2bw", stages=2, grad_accum=3, optimizer=name.split("-")[-1]))
     assert max_abs_diff(got, delayed) > 1e-4
+
+
+TRAIN_LOSS_RTOL = 1e-6  # float32: a group's losses summed then / M, or each / M then summed
+
+
+@pytest.mark.timeout(240)
+def test_both_engines_report_the_same_tokens_steps_and_train_loss(pipeline_runs, tmp_path):
+    """One accounting (docs/llm.md): the simulator of the same config reports what the pipeline does,
+    for every schedule (P=2 runs all six): tokens and steps exactly, and every metrics line's
+    train_loss to float32 rounding (TRAIN_LOSS_RTOL; the measured figure is printed)."""
+    from delaylab.llm.run.trainer import train
+
+    P, root, jobs, summaries = pipeline_runs
+    names = [n for n in jobs if not n.startswith("2bw-") or n == "2bw-adamw-ef"]  # one run per schedule
+    assert {jobs[n].parallel.schedule for n in names} == ({"2bw", "pipedream", "gpipe", "1f1b", "torch-1f1b",
+                                                          "torch-gpipe"} if P == 2 else {"2bw", "pipedream"})
+    for name in names:
+        sim, pipe = train(jobs[name], tmp_path / name), summaries[name]
+        cfg = jobs[name]
+        assert sim["steps"] == pipe["steps"] == 10
+        assert sim["tokens"] == pipe["tokens"] == 10 * cfg.batch_size * cfg.model_config(256).block_size * cfg.grad_accum
+        ours, theirs = (_lines(folder / name) for folder in (tmp_path, root))
+        assert [(r["step"], r["tokens"]) for r in ours] == [(r["step"], r["tokens"]) for r in theirs] == \
+            [(5, pipe["tokens"] // 2), (10, pipe["tokens"])]
+        worst = max(abs(a["train_loss"] / b["train_loss"] - 1) for a, b in zip(ours, theirs))
+        print(f"P={P} {name}: train_loss relative difference {worst:.2g}")
+        assert worst <= TRAIN_LOSS_RTOL and sim["train_loss"] == ours[-1]["train_loss"]
+
+
+def _lines(folder):
+    import json
+
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]

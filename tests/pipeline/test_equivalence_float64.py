@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from delaylab.llm.config import Config
-from delaylab.llm.pipeline.launch import run_jobs
+from delaylab.llm.run.rank import run_jobs
 
 from pipeline_helpers import load_model, max_abs_diff, reference_model
 

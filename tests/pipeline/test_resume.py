@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from delaylab.llm.pipeline.checkpoint import latest_complete, stage_path, steps_on_disk
-from delaylab.llm.pipeline.launch import train_pipeline
+from delaylab.llm.checkpoint import latest_complete, load_part, steps_on_disk
+from delaylab.llm.run.rank import train_pipeline
 from pipeline_helpers import load_model, max_abs_diff, small
 
 pytestmark = pytest.mark.dist
@@ -30,7 +29,7 @@ def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(tmp_path)
     assert summary["status"] == "finished"
     root = full / "ckpt"
     assert steps_on_disk(root) == [8, 10]  # every stage keeps its last two
-    sd = torch.load(stage_path(root, 8, 0), weights_only=True)
+    sd = load_part(root, 8, 0)
     assert len(sd["executor"]["slots"]) == 2 and sd["step"] == 8
     buffers = sd["executor"]["optimizer"]["delayed"]["buffers"]
     assert buffers and all("ef_buffer" in b for b in buffers.values())

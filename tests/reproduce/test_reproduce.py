@@ -164,7 +164,7 @@ def test_toy_numbers_recomputed(made):
 def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_path):
     from delaylab.llm.sweep import run_cell
     from delaylab.llm.config import Config
-    from delaylab.llm.train import train
+    from delaylab.llm.run.trainer import train
     from delaylab.reproduce import plan as P
     from delaylab.reproduce.presets import get_preset
 

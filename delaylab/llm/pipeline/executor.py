@@ -19,9 +19,10 @@ So the optimizer state follows the newest weights, and ``V_{k+1} = V_k - u_k(g_k
 is computed with the same tensor ops as ``delaylab.optim.Delayed`` in one process.
 
 Data parallel (``dp_group``): each of the stage's ``D`` replicas runs the same action list on its
-``1/D`` of every microbatch; before step 2 the replicas average ``g_k`` (one all-reduce of a flat
-buffer), so every replica applies the update of the full microbatches and their weights and
-optimizer state stay identical. The last stage averages each group's loss the same way.
+``1/D`` of every microbatch; before step 2 the replicas average ``g_k``
+(:class:`~delaylab.llm.distributed.wrap.GradientAverage`, which says why not DDP), so every replica
+applies the update of the full microbatches and their weights and optimizer state stay identical.
+The last stage averages each group's loss over the replicas too.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import time
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from delaylab.llm.distributed.world import all_reduce, mean
+from delaylab.llm.distributed.wrap import GradientAverage
 from delaylab.llm.model import lm_loss
-from delaylab.llm.pipeline.p2p import P2P, all_reduce
+from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
@@ -49,7 +51,7 @@ class StageExecutor:
 
     ``make_optimizer(module, tau)`` builds the stage's optimizer on a slot; ``lr_lambda(k)``
     is the LR multiplier of update ``k``; ``batch(n)`` returns microbatch ``n``'s
-    ``(inputs, targets)`` on the device; ``on_update(k, loss)`` is called after update ``k``
+    ``(inputs, targets)`` on the device; ``on_update(executor, k, loss)`` is called after update ``k``
     (``loss``: group ``k``'s mean training loss on the last stage, else ``None``).
     ``seed_for(n)``, if given, seeds torch's RNG before forward ``n`` (dropout), so the
     masks depend on the microbatch and stage only and a resumed run draws the same ones.
@@ -66,7 +68,7 @@ class StageExecutor:
         lr_lambda: Callable[[int], float],
         batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
         amp=None,
-        on_update: Callable[[int, float | None], None] | None = None,
+        on_update: Callable[["StageExecutor", int, float | None], None] | None = None,
         seed_for: Callable[[int], int] | None = None,
         sync_timing: bool = False,
         record_updates: int = 100,
@@ -97,8 +99,7 @@ class StageExecutor:
         self._tied_name = stage.tied_name() if tied_group is not None else None
         # Data parallel: this stage's replicas; None with one replica (nothing to average).
         self.dp_group = dp_group
-        self.dp = dist.get_world_size(dp_group) if dp_group is not None else 1
-        self._flat: torch.Tensor | None = None  # the all-reduce buffer, one gradient's size
+        self._average = GradientAverage(dp_group) if dp_group is not None else None
 
     # -- the interpreter ------------------------------------------------------------------------
     def run(self) -> None:
@@ -167,21 +168,9 @@ class StageExecutor:
         """Group ``k``'s mean loss (last stage), over the full microbatches: averaged over replicas."""
         total = self._loss_sum.pop(k)
         if self.dp_group is not None:
-            total = all_reduce(total.reshape(1).clone(), self.dp_group, f"averaging the loss of update {k}")[0]
-            total = total / self.dp
+            total = mean(total.reshape(1), self.dp_group, f"averaging the loss of update {k}")[0]
         self._losses[k] = float(total) / self.schedule.microbatches
         return self._losses[k]
-
-    def _average_over_replicas(self, module: nn.Module, k: int) -> None:
-        """Replace each gradient by its mean over the stage's replicas: one flat all-reduce."""
-        grads = [p.grad for p in module.parameters() if p.grad is not None]  # the same set on every replica
-        if self._flat is None:
-            self._flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
-        torch.cat([g.reshape(-1) for g in grads], out=self._flat)
-        all_reduce(self._flat, self.dp_group, f"averaging the gradients of update {k}")
-        self._flat.div_(self.dp)  # gloo has no AVG: sum, then divide
-        views = self._flat.split([g.numel() for g in grads])
-        torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(views, grads)])
 
     def _update(self, k: int) -> None:
         loss = self._losses.pop(k) if self.stage.last else None
@@ -193,8 +182,8 @@ class StageExecutor:
                 torch._foreach_copy_(list(target.parameters()), list(base.parameters()))
             params = dict(target.named_parameters())
             retarget(self.opt, [params[name] for name in self._order])
-        if self.dp_group is not None:
-            self._average_over_replicas(target, k)
+        if self._average is not None:
+            self._average(target, k)
         if self.tied_group is not None:
             # After the replica average: every holder then sums the same two averaged matrices.
             grad = dict(target.named_parameters())[self._tied_name].grad
@@ -203,7 +192,7 @@ class StageExecutor:
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
         if self.on_update is not None:
-            self.on_update(k, loss)
+            self.on_update(self, k, loss)
 
     def _measuring(self, slot: nn.Module):
         """On the first forward, add up the bytes autograd saves for the backward (weights aside)."""
@@ -246,7 +235,7 @@ class StageExecutor:
             "grads": sum(p.nbytes for p in self.stage.parameters()),
             "optimizer": tensor_bytes(self.opt.state_dict()),
             "activations": self.max_in_flight * self.activation_bytes if self._measured else None,
-            "dp_buffer": self._flat.nbytes if self._flat is not None else 0,
+            "dp_buffer": self._average.nbytes if self._average is not None else 0,
         }
         out["total"] = sum(v for v in out.values() if v is not None)
         return out
@@ -275,13 +264,12 @@ class StageExecutor:
         model.train()
         if not (last and losses):
             return None
-        mean = sum(losses) / len(losses)  # this replica's slices
-        if self.dp_group is not None:
-            device = next(model.parameters()).device
-            total = all_reduce(torch.tensor([mean], dtype=torch.float64, device=device), self.dp_group,
-                               "averaging the validation loss")
-            mean = float(total[0]) / self.dp
-        return mean
+        local = sum(losses) / len(losses)  # this replica's slices
+        if self.dp_group is None:
+            return local
+        device = next(model.parameters()).device
+        return float(mean(torch.tensor([local], dtype=torch.float64, device=device), self.dp_group,
+                          "averaging the validation loss")[0])
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

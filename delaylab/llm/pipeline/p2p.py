@@ -1,4 +1,4 @@
-"""Messages between neighbour stages on torch.distributed, and who to blame when one fails.
+"""Messages between neighbour stages on torch.distributed.
 
 Activations flow from stage ``s`` to ``s+1`` and input gradients back, so each directed
 channel carries one kind of message, in the order the schedule issues them. Gloo matches a
@@ -14,31 +14,15 @@ pairing. Two rules from torch's own ``Schedule1F1B`` keep NCCL from deadlocking:
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from delaylab.llm.distributed.world import PeerFailure
+
 TAGS = {"F": 0, "B": 1}  # gloo matches on tags; NCCL ignores them
-_FAILED_KEY = "delaylab/pipeline/failed"
-
-
-class PeerFailure(RuntimeError):
-    """A message to or from ``peer`` failed (the peer died, or the process group timed out)."""
-
-    def __init__(self, peer: int, what: str, cause: BaseException):
-        super().__init__(f"{what} failed: {_short(cause)}")
-        self.peer = peer
-
-
-def _short(err: BaseException) -> str:
-    """The first line of an error, without gloo's source location and advice."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    text = re.sub(r"^\[[^\]]*\] ", "", text)  # "[.../pair.cc:537] Read error ..."
-    return text.split(". This is typically")[0]
 
 
 @dataclass
@@ -119,49 +103,3 @@ def _wait(work, peer: int, what: str) -> None:
         work.wait()
     except Exception as err:  # gloo: "Connection closed by peer"; any backend: timeout
         raise PeerFailure(peer, what, err) from err
-
-
-def all_reduce(tensor: torch.Tensor, group, what: str) -> torch.Tensor:
-    """``dist.all_reduce`` (sum) over ``group``; a failure becomes a :class:`PeerFailure`.
-
-    Its peer is the other member of a two-rank group; in a larger group the error does not
-    say which member died (``peer`` is ``None``), and :func:`blame` waits for a rank that knows.
-    """
-    try:
-        dist.all_reduce(tensor, group=group)
-    except Exception as err:
-        members = dist.get_process_group_ranks(group)
-        others = [r for r in members if r != dist.get_rank()]
-        raise PeerFailure(others[0] if len(others) == 1 else None,
-                          f"{what} over ranks {members}", err) from err
-    return tensor
-
-
-def blame(rank: int, err: BaseException, timeout_s: float = 5.0) -> tuple[int | None, str, bool]:
-    """The first failure of the run as ``(rank, reason, ours)``, recording ours if it is the first.
-
-    A rank that loses a neighbour blames the neighbour; a rank whose own code failed blames
-    itself. The first claim in the process group's store wins, so a rank two hops away from
-    a dead one (whose neighbour exited because of it) still names the rank that died. Without
-    a reachable store (it lived in a dead rank) the rank blames what it saw itself. ``rank`` is
-    ``None`` when only a collective of more than two ranks saw the failure and no rank named it.
-    """
-    vague = isinstance(err, PeerFailure) and err.peer is None
-    if isinstance(err, PeerFailure):
-        mine = (err.peer, f"seen by rank {rank}: {err}")
-    else:
-        mine = (rank, f"{type(err).__name__}: {_short(err)}")
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(timedelta(seconds=timeout_s))
-        if vague:  # a collective of more than two ranks failed: a rank that saw who died will say
-            try:
-                store.wait([_FAILED_KEY])
-            except Exception:  # nobody did within timeout_s: name the group instead
-                pass
-        claim = f"{'?' if mine[0] is None else mine[0]}|{mine[1]}"
-        won = store.compare_set(_FAILED_KEY, "", claim).decode()
-        who, _, why = won.partition("|")
-        return (None if who == "?" else int(who)), why, won == claim
-    except Exception:
-        return (*mine, True)

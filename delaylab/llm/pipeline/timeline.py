@@ -1,6 +1,6 @@
 """What a pipeline did when: per-stage events, steady-state batch time, idle (bubble) fractions.
 
-One format for both sources: the event-driven simulator (``simulator.py``) and the real
+One format for both sources: the cost model's replay (``cost_model.py``) and the real
 engine's own clock (``executor.py``), so a prediction and a measurement are reduced by the
 same code.
 """

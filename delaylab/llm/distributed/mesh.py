@@ -1,12 +1,14 @@
-"""The 2-D device mesh of a DP x PP run (torch's ``init_device_mesh``, dims ``dp`` and ``pp``).
+"""The one device mesh of every run: torch's ``init_device_mesh``, dims ``dp`` and ``pp``.
 
 ``D`` data-parallel replicas of a ``P``-stage pipeline take ``P * D`` ranks laid out row-major
-on a ``(D, P)`` mesh: global rank ``r`` is stage ``s = r % P`` of replica ``d = r // P``.
-Stage ``s``'s replicas ``{s, P + s, ..., (D-1) P + s}`` form its ``dp`` group (they all-reduce
-gradients); replica ``d``'s stages ``{dP, ..., dP + P - 1}`` form its ``pp`` group (they exchange
-activations and gradients). Under ``torchrun`` with ``G`` processes per node, a ``G`` that is a
-multiple of ``P`` puts whole replicas on each node: the pipeline's messages stay inside a node and
-only the gradient all-reduces cross nodes.
+on a ``(D, P)`` mesh: global rank ``r`` is stage ``s = r % P`` of replica ``d = r // P``. The
+simulator is the ``P = 1`` case (its ``D`` replicas form the one ``dp`` group). Stage ``s``'s
+replicas ``{s, P + s, ..., (D-1) P + s}`` form its ``dp`` group (they average gradients and save
+the stage's checkpoint); replica ``d``'s stages ``{dP, ..., dP + P - 1}`` form its ``pp`` group
+(they exchange activations and gradients). Under ``torchrun`` with ``G`` processes per node, a
+``G`` that is a multiple of ``P`` puts whole replicas on each node: the pipeline's messages stay
+inside a node and only the gradient all-reduces cross nodes. Every subgroup gets the run's
+timeout (torch would give it the 30-minute default).
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ class Mesh:
     def rank(self) -> int:
         return self.stage_ranks[self.s]
 
+    @property
+    def dp_mesh(self):
+        """The 1-D ``dp`` sub-mesh (what FSDP2 shards over)."""
+        return self.device_mesh["dp"]
+
+
+
+def place(rank: int, P: int, D: int) -> str:
+    """Where global rank ``rank`` sits, naming only the dims the run has: ``stage s, replica d``."""
+    s, d = rank % P, rank // P
+    return ", ".join(([f"stage {s}"] if P > 1 else []) + ([f"replica {d}"] if D > 1 or P == 1 else []))
+
 
 def _options(backend: str, timeout: timedelta):
     """Backend options that carry ``timeout`` (subgroups otherwise get torch's 30-minute default)."""
@@ -44,7 +58,7 @@ def _options(backend: str, timeout: timedelta):
 
 
 def build_mesh(device_type: str, D: int, P: int, timeout_s: float, tied: bool = False) -> Mesh:
-    """The ``(D, P)`` mesh on the initialised default group; every rank must call it alike.
+    """The ``(D, P)`` mesh on the started default group; every rank must call it alike.
 
     ``tied``: also one group per replica holding its first and last stage (the tied embedding's
     two holders sum their gradients there, as Megatron-LM's embedding group does).

@@ -1,4 +1,4 @@
-"""An event-driven replay of a schedule's action lists with per-action costs.
+"""The timing cost model: an event-driven replay of a schedule's action lists with per-action costs.
 
 Each stage runs its actions in order. An action that receives a message starts when both the
 stage is free and the message has arrived; a sent message arrives ``send`` seconds after
@@ -9,7 +9,7 @@ disagree in order fails here instead of deadlocking on a real machine.
 
 With equal stages and free sends this reproduces the bubble model exactly: a flushing
 schedule (``gpipe``, ``1f1b``) needs ``(M + P - 1)(f + b)`` per batch, ``2bw``
-``M (f + b)`` (tests/pipeline/test_simulator.py). With per-stage costs measured on the
+``M (f + b)`` (tests/pipeline/test_cost_model.py). With per-stage costs measured on the
 engine it predicts batch time and bubble fraction for any ``P`` and ``M``.
 """
 

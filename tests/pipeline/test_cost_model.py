@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from delaylab.llm.pipeline.schedules import Action, Schedule
-from delaylab.llm.pipeline.simulator import Costs, predict, simulate
+from delaylab.llm.pipeline.cost_model import Costs, predict, simulate
 from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
 
 CASES = [(P, M) for P in (2, 3, 4) for M in (P - 1, 4, 8) if M >= 1]

@@ -1,0 +1,174 @@
+"""What both engines do before their loop, in one place: the simulator's trainer and the pipeline's
+rank start the same way.
+
+:class:`Setup` is one process's start: CPU threads, the device (``LOCAL_RANK`` for a rank), and,
+when the run has more than one process, the world-size check, the process group and the
+``(dp, pp)`` mesh (the simulator is ``P = 1``); then the data and the model config.
+:meth:`Setup.seeded_model` is the run's initial weights (every rank builds the same full model from
+the seed, then keeps its part). :func:`open_run` is the run folder and the resume: this stage's part
+of the newest complete checkpoint, checked against the config.
+
+One accounting, for both engines (docs/llm.md, "What a run reports"):
+
+* ``steps``: updates made; a pipeline's update ``k`` applies batch ``k``'s gradient on every stage,
+  the simulator's delayed update ``k`` does the same (its first ``tau`` calls only fill the queue);
+* ``tokens`` = tokens whose gradient was applied = ``steps x batch_size x block_size x grad_accum``
+  (the simulator's queue-fill calls read tokens whose gradients are applied later, or never);
+* a metrics line's ``train_loss``: the mean loss of the batches whose gradients were applied since
+  the previous line. Both engines write a line at the same steps (:func:`logs_at`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from delaylab.errors import ConfigError
+from delaylab.llm import checkpoint
+from delaylab.llm.config import Config
+from delaylab.llm.data import load_dataset
+from delaylab.llm.distributed.mesh import build_mesh
+from delaylab.llm.distributed.world import barrier, check_world, local_rank, start
+from delaylab.llm.distributed.wrap import check_shardable, replica_rows
+from delaylab.llm.run.folder import TrainFolder
+from delaylab.run_folder import CONFIG
+from delaylab.llm.model import GPT
+
+
+def load_data(cfg: Config, dataset=None):
+    """The run's corpus (tokenized once and cached beside the text); bad data fails here."""
+    if dataset is not None:
+        return dataset
+    d = cfg.data
+    return load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)
+
+
+class Setup:
+    """One process of ``cfg`` on ``engine`` (``"simulator"`` or ``"pipeline"``)."""
+
+    def __init__(self, cfg: Config, engine: str, dataset=None):
+        self.cfg = cfg = cfg.resolved(engine)
+        self.stages = cfg.parallel.stages if engine == "pipeline" else 1
+        D = cfg.parallel.dp
+        distributed = engine == "pipeline" or D > 1
+        threads = cfg.run.threads or (1 if distributed else None)  # one thread per rank by default
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = cfg.torch_device(local_rank() if distributed else None)
+        self.mesh = None
+        if distributed:
+            check_world(self.stages, D)
+            check_shardable(cfg)
+            start(self.device, cfg.parallel.timeout)
+            self.mesh = build_mesh(self.device.type, D, self.stages, cfg.parallel.timeout,
+                                   tied=cfg.model_config(256).tie_embeddings)
+        self.data = load_data(cfg, dataset)
+        self.model_cfg = cfg.model_config(self.data.vocab_size)
+
+    @property
+    def stage(self) -> int:
+        return self.mesh.s if self.mesh is not None else 0
+
+    @property
+    def replica(self) -> int:
+        return self.mesh.d if self.mesh is not None else 0
+
+    def seeded_model(self) -> GPT:
+        """The run's initial weights, on the CPU in float32: the same on every rank."""
+        torch.manual_seed(self.cfg.run.seed)
+        return GPT(self.model_cfg)
+
+    def rows(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This replica's rows of a batch, on the device."""
+        D = self.cfg.parallel.dp
+        if D > 1:
+            x, y = replica_rows(x, self.replica, D), replica_rows(y, self.replica, D)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def tokens(self, steps: int) -> int:
+        """Tokens whose gradient ``steps`` updates applied (the accounting above)."""
+        d = self.cfg.data
+        return steps * d.batch_size * d.grad_accum * self.model_cfg.block_size
+
+
+def logs_at(step: int, cfg: Config) -> bool:
+    """Whether update ``step`` gets a metrics line (with the simulator's validation when it has one)."""
+    r = cfg.run
+    return step % r.log_every == 0 or step % r.eval_every == 0 or step == r.steps
+
+
+def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int) -> None:
+    """Raise (one line) unless ``out`` can take a new run, or holds a resumable run of ``cfg``: what a
+    launcher checks before any process starts."""
+    out = Path(out)
+    run = TrainFolder(cfg, out, marks=checkpoint.MARKS)
+    if not resume:
+        run.check_new()
+        return
+    if (out / CONFIG).is_file():
+        run.check_same_run(json.loads((out / CONFIG).read_text()))
+    checkpoint.require_latest(out / checkpoint.ROOT, stages)
+
+
+def open_run(setup: Setup, out, *, writer: bool, resume: bool):
+    """The run folder, this stage's checkpoints and (``resume``) its part of the newest complete step:
+    ``(TrainFolder, Checkpoints, part or None)``. The writer checks a new folder; the others wait."""
+    cfg, mesh = setup.cfg, setup.mesh
+    run = TrainFolder(cfg, out, writer=writer, marks=checkpoint.MARKS)
+    ckpts = checkpoint.Checkpoints(run.out, setup.stages, setup.stage, mesh.dp_group if mesh is not None else None)
+    part = None
+    if resume:
+        if ckpts.root is None:
+            raise ConfigError("resume needs the run's folder")
+        step = checkpoint.require_latest(ckpts.root, setup.stages)
+        part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
+        run.check_same_run(part["config"], ckpts.root)
+        ckpts.drop_after(step)
+    elif run.writer:
+        run.check_new()
+    barrier()
+    return run, ckpts, part
+
+
+# -- optimizers ---------------------------------------------------------------------------------------
+def build_delayed_optimizer(model: GPT, cfg: Config):
+    """``Delayed(build_optimizer(...))`` for the config's delay; one inner optimizer per stage
+    (with that stage's tau on each of its param groups) when ``delay`` is a list."""
+    from delaylab.llm.pipeline.stages import Stage
+    from delaylab.optim import CombinedOptimizer, Delayed, build_optimizer
+
+    hp, name, delays = cfg.optimizer_kwargs(), cfg.optim.optimizer, cfg.delays
+    if len(delays) == 1:
+        inner, per_group = build_optimizer(name, model, **hp), delays[0]
+    else:
+        parts, per_group = [], []
+        for s, tau in enumerate(delays):  # the pipeline's stages: same names, same routing
+            opt = build_optimizer(name, Stage(model, s, len(delays)), **hp)
+            parts.append(opt)
+            per_group += [tau] * len(opt.param_groups)
+        inner = CombinedOptimizer(parts)
+    d = cfg.delay
+    return Delayed(
+        inner, delay=per_group, correction=d.correction, dc_lambda=d.dc_lambda, dc_lambda0=d.dc_lambda0,
+        dc_ms_decay=d.dc_ms_decay, lookahead_momentum=d.lookahead_momentum, damping=d.damping, ef_dtype=d.ef_dtype,
+        sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps,
+    )
+
+
+def optimizer_factory(cfg: Config):
+    """``make(module, tau)``: a pipeline stage's optimizer, with EF at the stage's lag ``tau`` if asked."""
+    from delaylab.optim import Delayed, build_optimizer
+
+    hp = cfg.optimizer_kwargs()
+
+    def make(module, tau: int):
+        inner = build_optimizer(cfg.optim.optimizer, module, **hp)
+        if cfg.delay.correction == "ef":
+            # The stage's gradients are stale already: EF with the stage's lag, no queue.
+            return Delayed(inner, delay=0, correction="ef", ef_lag=tau)
+        return inner
+
+    return make
