@@ -43,14 +43,15 @@ FAILURE = "failure.json"  # written by the rank that reported the first failure
 def optimizer_factory(cfg: Config):
     """``make(module, tau)``: a stage's optimizer, with EF at the stage's lag ``tau`` if asked."""
     from delaylab.optim import Delayed, build_optimizer
+    from delaylab.optim.corrections import for_stage
 
     hp = cfg.optimizer_kwargs()
 
     def make(module, tau: int):
         inner = build_optimizer(cfg.optim.optimizer, module, **hp)
-        if cfg.delay.correction == "ef":
-            # The stage's gradients are stale already: EF with the stage's lag, no queue.
-            return Delayed(inner, delay=0, correction="ef", ef_lag=tau)
+        if cfg.delay.correction != "none":
+            # The stage's gradients are stale already: its correctors at the stage's lag, no queue.
+            return Delayed(inner, delay=0, corrections=for_stage(cfg.delay.correction, tau))
         return inner
 
     return make
