@@ -213,9 +213,11 @@ class Delayed(Optimizer):
 
     @contextmanager
     def _scaled_lrs(self, updates: list[tuple[dict, Update]]):
-        saved = [(g, g["lr"]) for g, _ in updates] if self._scalers else []
+        """Each updating group's lr as the correctors scale it, the group's own lr afterwards."""
+        scaled = updates if self._scalers else []
+        saved = [(g, g["lr"]) for g, _ in scaled]
         try:
-            for g, u in updates if self._scalers else ():
+            for g, u in scaled:
                 for c in self._scalers:
                     g["lr"] = c.scale_lr(g["lr"], u)
             yield
@@ -250,21 +252,10 @@ class Delayed(Optimizer):
         gradient point there (``x - c u_last`` with ``"predict"`` or ``"lookahead"``, see
         :mod:`~delaylab.optim.prediction`) and come back bit for bit on exit; without such a
         corrector it does nothing."""
-        shifts = []  # (p, [(t, alpha), ...]): p becomes p - sum alpha t
-        for gi, group in enumerate(self.param_groups if self._shifters else ()):
-            ahead = self.queue.ahead(gi)
-            if ahead is None:
-                continue
-            update = Update(gi, self.delays[gi], self.queue.delayed_phase(self.queue.updates[gi]))
-            for p in group["params"]:
-                st = self.state.get(p)
-                moves = [m for c in self._shifters if st and (m := c.weight_shift(st, update, ahead))]
-                if moves:
-                    shifts.append((p, moves))
         saved = []
         try:
             with torch.no_grad():
-                for p, moves in shifts:
+                for p, moves in self._shifts():
                     saved.append((p, p.detach().clone()))
                     for t, alpha in moves:
                         p.sub_(t, alpha=alpha)
@@ -273,6 +264,21 @@ class Delayed(Optimizer):
             with torch.no_grad():
                 for p, x in saved:
                     p.copy_(x)
+
+    def _shifts(self) -> list[tuple[torch.Tensor, list[tuple[torch.Tensor, float]]]]:
+        """``(p, [(t, alpha), ...])``: where each parameter's next gradient is taken, ``p - sum alpha t``."""
+        shifts = []
+        for gi, group in enumerate(self.param_groups if self._shifters else []):
+            ahead = self.queue.ahead(gi)
+            if ahead is None:  # the group is done
+                continue
+            update = Update(gi, self.delays[gi], self.queue.delayed_phase(self.queue.updates[gi]))
+            for p in group["params"]:
+                st = self.state.get(p)
+                moves = [m for c in self._shifters if st and (m := c.weight_shift(st, update, ahead))]
+                if moves:
+                    shifts.append((p, moves))
+        return shifts
 
     def corrector_bytes(self) -> int:
         """Bytes the correctors hold across steps (EF buffer, DC-ASGD snapshots and mean

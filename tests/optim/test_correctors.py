@@ -215,6 +215,38 @@ def test_bad_corrector_arguments_raise_config_errors(kw, msg):
 
 
 # -- combinations -------------------------------------------------------------------------------
+def feed(opt, x, calls, start=0):
+    """Calls ``start ..`` of f_c, each gradient taken inside ``predicted_weights``."""
+    for c in range(start, start + calls):
+        with opt.predicted_weights():
+            x.grad = torch.tensor(grad(x.detach().numpy(), c))
+        opt.step()
+
+
+def saved_copy(opt) -> dict:
+    """``opt.state_dict()`` through a file's bytes: a copy, as a checkpoint is."""
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def resumes_bit_for_bit(make, sd_of=saved_copy) -> dict:
+    """Run ``make(x)`` 5 calls, load ``sd_of(opt)`` into a fresh ``make(y)``, run both 6 more:
+    they must agree to the bit. Returns the state_dict that was loaded."""
+    x = torch.tensor(X0, requires_grad=True)
+    opt = make(x)
+    feed(opt, x, 5)
+    sd = sd_of(opt)
+    y = x.detach().clone().requires_grad_()
+    fresh = make(y)
+    fresh.load_state_dict(sd)
+    feed(opt, x, 6, start=5)
+    feed(fresh, y, 6, start=5)
+    assert torch.equal(x, y)
+    return sd
+
+
 # Documented composition (docs/correctors.md): the gradient is taken at the gradient point, the
 # inner makes its update at the damped lr, EF rewrites that update, and u_last is the
 # displacement actually applied (EF's included).
@@ -292,44 +324,22 @@ def test_a_corrector_object_is_copied_into_each_wrapper():
 
 @pytest.mark.parametrize("spec", ["ef,damp", "dc-asgd-a,ef", "ef,predict,damp"])
 def test_two_or_three_correctors_resume_in_mid_queue_bit_for_bit(spec):
-    def make(x):
-        return Delayed(torch.optim.AdamW([x], lr=0.05), 2, spec, damping=0.5)
-
-    def run(opt, x, calls, start=0):
-        for c in range(start, start + calls):
-            with opt.predicted_weights():
-                x.grad = torch.tensor(grad(x.detach().numpy(), c))
-            opt.step()
-
-    x = torch.tensor(X0, requires_grad=True)
-    opt = make(x)
-    run(opt, x, 5)
-    buf = io.BytesIO()
-    torch.save(opt.state_dict(), buf)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
+    saved = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, spec, damping=0.5))
     assert len(saved["delayed"]["buffers"][0]["queue"]) == 2  # mid-queue: two gradients waiting
     held = saved["delayed"]["corrections"]  # each corrector's configuration, in the order they apply
     assert list(held) == [n for n in ("ef", "dc-asgd-a", "predict", "damp") if n in spec.split(",")]
     assert held["ef"] == {"dtype": "float32", "lags": [2]} and held.get("damp", {"c": 0.5}) == {"c": 0.5}
-    y = x.detach().clone().requires_grad_()
-    fresh = make(y)
-    fresh.load_state_dict(saved)
-    run(opt, x, 6, start=5)
-    run(fresh, y, 6, start=5)
-    assert torch.equal(x, y)
+    other = Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2, spec,
+                    damping=0.5, ef_dtype="bfloat16")
     with pytest.raises(ValueError, match="saved with"):  # another configuration: not this run's state
-        Delayed(torch.optim.AdamW([y], lr=0.05), 2, spec, damping=0.5, ef_dtype="bfloat16").load_state_dict(saved)
+        other.load_state_dict(saved)
 
 
 def _old_format(opt, correction, *, hyper=True, **old):
     """``opt.state_dict()`` rewritten in the format of main 514494e (one ``correction`` name and
     the Delayed keywords as fields); ``hyper=False``: the format before ddb4321 (no ``ef_dtype``,
     no ``hyper``)."""
-    buf = io.BytesIO()
-    torch.save(opt.state_dict(), buf)  # a copy, as a checkpoint file is
-    buf.seek(0)
-    sd = torch.load(buf, weights_only=False)
+    sd = saved_copy(opt)
     ours = sd["delayed"]
     fields = {"delays": ours["delays"], "correction": correction, "ef_lags": old.pop("ef_lags", ours["delays"]),
               "sync_start": ours["sync_start"], "sync_cooldown": ours["sync_cooldown"],
@@ -347,25 +357,11 @@ def _old_format(opt, correction, *, hyper=True, **old):
     ("ef", {}, False), ("dc-asgd", {"dc_lambda": 0.5}, False),
 ])
 def test_a_state_dict_of_the_one_correction_format_still_loads(correction, kw, hyper):
-    def make(x):
-        return Delayed(torch.optim.AdamW([x], lr=0.05), 2, correction=correction, **kw)
-
-    def run(opt, x, calls, start=0):
-        for c in range(start, start + calls):
-            with opt.predicted_weights():
-                x.grad = torch.tensor(grad(x.detach().numpy(), c))
-            opt.step()
-
-    x = torch.tensor(X0, requires_grad=True)
-    opt = make(x)
-    run(opt, x, 5)
-    old = _old_format(opt, correction, hyper=hyper, **kw)
-    y = x.detach().clone().requires_grad_()
-    fresh = make(y)
-    fresh.load_state_dict(old)
-    run(opt, x, 6, start=5)
-    run(fresh, y, 6, start=5)
-    assert torch.equal(x, y)
-    other = "none" if correction != "none" else "ef"
+    old = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, correction=correction, **kw),
+                              lambda opt: _old_format(opt, correction, hyper=hyper, **kw))
+    assert "corrections" not in old["delayed"]
+    # Another corrector, or this one at its default hyperparameters: not the saved run.
+    other = correction if kw else "none" if correction != "none" else "ef"
     with pytest.raises(ValueError, match="saved with"):
-        Delayed(torch.optim.AdamW([y], lr=0.05), 2, other).load_state_dict(old)
+        Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2,
+                other).load_state_dict(old)
