@@ -110,7 +110,7 @@ class Delayed(Optimizer):
                 raise ConfigError("give corrections= or its former name correction=, not both")
             corrections = correction
         delays = per_group(delay, len(inner.param_groups), "delay")
-        self.correctors: list[Corrector] = [copy.copy(c) for c in build(corrections, **keywords)]
+        self.correctors: list[Corrector] = [copy.copy(c) for c in build(corrections or (), **keywords)]
         for c in self.correctors:
             c.bind(list(delays))
         self._shifters = [c for c in self.correctors if overrides(c, "weight_shift")]
@@ -181,9 +181,10 @@ class Delayed(Optimizer):
         """
         if any(param_group is g for g in self.inner.param_groups):
             return  # Optimizer.__init__ registering one of the inner's groups: ours already
-        known = {o for e in CORRECTORS.values() for o in e.factory.group_options}
-        if set(options) - known:
-            raise TypeError(f"unexpected keyword {sorted(set(options) - known)[0]!r} (known: {', '.join(known)})")
+        known = sorted({o for e in CORRECTORS.values() for o in e.factory.group_options})
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"unexpected keyword {unknown[0]!r} (the correctors read: {', '.join(known)})")
         delay = common(self.delays, "delay") if delay is None else check_count("delay", delay)
         self.inner.add_param_group(param_group)
         self.param_groups = self.inner.param_groups  # a CombinedOptimizer keeps its list
