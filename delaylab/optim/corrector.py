@@ -93,9 +93,11 @@ def overrides(corrector: Corrector, *hooks: str) -> bool:
 
 class Spare:
     """Parameter-sized buffers freed during one step, reused for the next copy of that shape: on
-    the per-parameter path a snapshot then costs no allocation and stays in cache."""
+    the per-parameter path a snapshot then costs no allocation and stays in cache. ``keep=False``
+    (the whole-model path, whose copies are all made before anything is freed) keeps nothing."""
 
-    def __init__(self):
+    def __init__(self, keep: bool = True):
+        self.keep = keep
         self._free: dict[tuple, torch.Tensor] = {}
 
     def copy_of(self, p: torch.Tensor) -> torch.Tensor:
@@ -103,4 +105,5 @@ class Spare:
         return p.detach().clone() if t is None else t.copy_(p)
 
     def give(self, t: torch.Tensor) -> None:
-        self._free[(t.shape, t.dtype, t.device)] = t
+        if self.keep:
+            self._free[(t.shape, t.dtype, t.device)] = t

@@ -38,7 +38,7 @@ def can_step_per_parameter(inner: Optimizer, param_groups, plan: dict) -> bool:
 
 
 def whole_model(inner: Optimizer, param_groups, plan: dict, state) -> None:
-    spare = Spare()
+    spare = Spare(keep=False)
     wrapped = [(p, *plan[id(g)]) for g in param_groups if id(g) in plan for p in g["params"] if p.grad is not None]
     tokens = [[c.before(p, state[p], update, spare) for c in hooked] for p, update, hooked in wrapped]
     inner.step()
