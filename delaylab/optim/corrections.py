@@ -45,8 +45,7 @@ TARGETS = {
 }
 
 CORRECTORS = {
-    "ef": Entry("error_feedback.ErrorFeedback", "update",
-                "error feedback, x - (l+1) u_k + l u_{k-1} with lag l = tau", lagged=True),
+    "ef": Entry("error_feedback.ErrorFeedback", "update", "error feedback, x - (l+1) u_k + l u_{k-1}", lagged=True),
     "dc-asgd": Entry("dc_asgd.DCASGD", "gradient", "g + lambda g*g*(x_now - x_stale)"),
     "dc-asgd-a": Entry("dc_asgd.DCASGDAdaptive", "gradient", "dc-asgd with lambda = lambda0 / sqrt(EMA of g*g)"),
     "predict": Entry("prediction.WeightPrediction", "gradient", "gradient at predicted weights x - tau u_last"),
