@@ -41,6 +41,9 @@ class Corrector:
     # were objects (``Delayed(inner, 1, "damp", damping=0.5)``) and the config's field names.
     keywords: ClassVar[dict[str, str]] = {}
     group_options: ClassVar[tuple[str, ...]] = ()  # keywords it reads in ``add_param_group``
+    # Whether its before/after hooks are worth stepping the inner one parameter at a time for
+    # (a snapshot that stays in cache, against one more inner call per parameter).
+    per_parameter: ClassVar[bool] = False
 
     def hyper(self) -> dict:
         """Its configuration, saved in the state_dict (a load must find the same)."""

@@ -80,8 +80,9 @@ class Delayed(Optimizer):
     **Pieces.** The wrapper composes a :class:`~delaylab.optim.queue.DelayQueue` (counters,
     phases, the queued gradients), the correctors (:mod:`delaylab.optim.corrector`, the
     protocol) and :mod:`delaylab.optim.inner_step`; it knows no concrete inner or corrector
-    class. The inner is stepped one parameter at a time around a corrector's hooks when every
-    leaf declares that capability (:mod:`delaylab.optim.capabilities`), and as a whole otherwise.
+    class. The inner is stepped one parameter at a time around the correctors' hooks when one of
+    them asks for it (EF) and every leaf declares that capability
+    (:mod:`delaylab.optim.capabilities`), and as a whole otherwise.
 
     ``delay=0`` without corrections calls ``inner.step()`` and nothing else, so it is the inner
     optimizer bit for bit. ``param_groups`` and ``defaults`` are the inner's own, so LR schedulers
@@ -234,7 +235,7 @@ class Delayed(Optimizer):
                 plan[id(g)] = (u, hooked)
         if not plan:
             self.inner.step()
-        elif self._steps_per_param(plan):
+        elif any(c.per_parameter for _, hooked in plan.values() for c in hooked) and self._steps_per_param(plan):
             self._ef_step_per_param(plan)
         else:
             inner_step.whole_model(self.inner, self.param_groups, plan, self.state)

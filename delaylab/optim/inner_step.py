@@ -7,7 +7,8 @@ corrector wraps; the other groups are stepped plainly. Two paths with the same r
 - :func:`per_parameter`: the inner stepped one parameter at a time, each between its own hooks,
   so that a snapshot is one parameter (reusing the memory the previous one of that shape freed,
   :class:`~delaylab.optim.corrector.Spare`) and its extra passes run on memory still in cache.
-  Valid where :func:`can_step_per_parameter` says so; bit for bit the whole-model step (tested).
+  Taken when a corrector in the plan asks for it (``Corrector.per_parameter``: EF) and
+  :func:`can_step_per_parameter` allows it; bit for bit the whole-model step (tested).
 """
 
 from __future__ import annotations
