@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from delaylab.errors import ConfigError
+from delaylab.optim import corrections
 
 ENGINES = ("simulator", "pipeline")
 LR_SCHEDULES = ("cosine", "wsd", "constant")
@@ -29,10 +30,9 @@ LOGGERS = ("none", "tensorboard", "wandb")
 # Pipeline schedules and the delay each one produces on stage s of P.
 PIPELINE_SCHEDULES = ("2bw", "pipedream", "1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
 DEFAULT_STAGES = 2  # a pipeline run's stage count when none is given
-# delaylab.optim.CORRECTIONS (not imported: this module stays free of torch); the pipeline
-# engine builds only EF into its stages.
-CORRECTIONS_BY_ENGINE = {"simulator": ("none", "ef", "dc-asgd", "dc-asgd-a", "predict", "lookahead", "damp"),
-                         "pipeline": ("none", "ef")}
+# The single corrector names each engine runs, from the registry (which imports no torch): a
+# pipeline stage runs the correctors that take their gradients' staleness as a lag.
+CORRECTIONS_BY_ENGINE = {"simulator": corrections.NAMES, "pipeline": corrections.PIPELINE}
 
 
 def _f(default: Any, help: str, **kw):
@@ -96,10 +96,7 @@ class LRScheduleConfig:
 class DelayConfig:
     delay: int | list[int] | None = _f(None, "gradient delay tau, 0 = synchronous; a list gives one tau per "
                                        "stage, e.g. 3,2,1,0 (default: the schedule's, else 0)")
-    correction: str = _f("none", "none, ef (error feedback); simulator only: dc-asgd, dc-asgd-a (adaptive "
-                         "lambda), predict (gradient at predicted weights x - tau u_last), lookahead (at the "
-                         "Nesterov point x - gamma u_last), damp (lr / (1 + c tau)); see docs/correctors.md",
-                         choices=CORRECTIONS_BY_ENGINE["simulator"])
+    correction: str = _f("none", corrections.help_text())
     dc_lambda: float = _f(0.04, "DC-ASGD's lambda")
     dc_lambda0: float = _f(2.0, "DC-ASGD-a's lambda0: lambda = lambda0 / sqrt(mean square of g + 1e-7)")
     dc_ms_decay: float = _f(0.95, "DC-ASGD-a: EMA factor m of the gradient's mean square, in [0, 1)")
@@ -427,7 +424,8 @@ def _check_combinations(cfg: Config, engine: str) -> None:
     import torch
 
     dl, par = cfg.delay, cfg.parallel
-    if dl.correction not in CORRECTIONS_BY_ENGINE[engine]:
+    dl.correction = corrections.canonical(dl.correction)  # checks the names and the combination
+    if not set(corrections.parse(dl.correction)) <= set(CORRECTIONS_BY_ENGINE[engine]):
         raise ConfigError(f"the {engine} supports correction {' or '.join(CORRECTIONS_BY_ENGINE[engine])}, "
                           f"got {dl.correction!r}")
     if dl.correction != "none" and not cfg.delayed:

@@ -8,36 +8,40 @@
 - :func:`build_optimizer` (:mod:`~delaylab.optim.registry`): the paper's optimizers by name.
 - :class:`Delayed` (:mod:`~delaylab.optim.delayed`): stale gradients for any torch optimizer, with
   PipeDream-2BW's start-up convention. It composes
-  :class:`~delaylab.optim.queue.DelayQueue` (tau, per-group tau, sync start / cooldown),
+  :class:`~delaylab.optim.queue.DelayQueue` (tau, per-group tau, sync start / cooldown) and any
+  list of correctors, each a :class:`~delaylab.optim.corrector.Corrector` in its own module:
   :mod:`~delaylab.optim.error_feedback` (EF, its buffer optionally bf16),
   :mod:`~delaylab.optim.dc_asgd` (DC-ASGD, DC-ASGD-a), :mod:`~delaylab.optim.prediction`
-  (weight prediction, Nesterov-style look-ahead) and :mod:`~delaylab.optim.damping` (lr damping).
+  (weight prediction, Nesterov-style look-ahead) and :mod:`~delaylab.optim.damping` (lr damping),
+  named in the registry :mod:`~delaylab.optim.corrections`.
 - :mod:`delaylab.optim.capabilities`: what a wrapper may ask of an optimizer without knowing
   its class (``leaves()``, whether it steps one parameter at a time).
 
 Re-targeting an optimizer at another weight slot belongs to the pipeline
-(:mod:`delaylab.llm.pipeline.retarget`). This package imports nothing from toy or llm.
+(:mod:`delaylab.llm.pipeline.retarget`). This package imports nothing from toy or llm. Its
+names load on first use, so that the correctors' registry (``delaylab.optim.corrections``)
+can be read without importing torch (the config and the command line do); the LMO map itself
+is ``delaylab.optim.lmo.lmo`` (``delaylab.optim.lmo`` is its module).
 """
 
-from delaylab.optim.capabilities import register_per_parameter
-from delaylab.optim.combined import CombinedOptimizer
-from delaylab.optim.delayed import CORRECTIONS, Delayed
-from delaylab.optim.lmo import NORMS, dual_norm, lmo, newton_schulz, primal_norm
-from delaylab.optim.lmo_momentum import LMOMomentum
-from delaylab.optim.registry import DEFAULTS, OPTIMIZERS, build_optimizer
+import importlib
 
-__all__ = [
-    "CORRECTIONS",
-    "DEFAULTS",
-    "NORMS",
-    "OPTIMIZERS",
-    "CombinedOptimizer",
-    "Delayed",
-    "LMOMomentum",
-    "build_optimizer",
-    "dual_norm",
-    "lmo",
-    "newton_schulz",
-    "primal_norm",
-    "register_per_parameter",
-]
+_WHERE = {
+    "register_per_parameter": "capabilities", "CombinedOptimizer": "combined", "CORRECTIONS": "corrections",
+    "Delayed": "delayed", "NORMS": "lmo", "dual_norm": "lmo", "newton_schulz": "lmo",
+    "primal_norm": "lmo", "LMOMomentum": "lmo_momentum", "DEFAULTS": "registry", "OPTIMIZERS": "registry",
+    "build_optimizer": "registry",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'delaylab.optim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"delaylab.optim.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -5,32 +5,27 @@ delayed-gradient study, marin-community/marin #6423):
 
 Applied to a group's lr only for an update in a delayed phase, and restored after it, so the
 schedule that sets ``lr`` is untouched. Every term the inner optimizer scales by ``lr`` (AdamW's
-decoupled weight decay too) is damped with it. It holds no memory.
+decoupled weight decay too) is damped with it; with error feedback, EF feeds back the update the
+inner made at the damped lr. It holds no memory.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from delaylab.errors import ConfigError
+from delaylab.optim.corrector import Corrector, Update
 
 
-class LrDamping:
-    keys = ()
+class LrDamping(Corrector):
+    name = "damp"
+    keywords = {"damping": "c"}
 
     def __init__(self, c: float = 1.0):
         if not c >= 0:
             raise ConfigError(f"damping must be >= 0, got {c}")
         self.c = float(c)
 
-    @contextmanager
-    def damped(self, groups: list[tuple[dict, int]]):
-        """Inside, each ``(group, tau)`` has ``lr / (1 + c tau)``; the old lr object comes back."""
-        saved = [(g, g["lr"]) for g, _ in groups]
-        try:
-            for g, tau in groups:
-                g["lr"] = g["lr"] / (1 + self.c * tau)
-            yield
-        finally:
-            for g, lr in saved:
-                g["lr"] = lr
+    def hyper(self) -> dict:
+        return {"c": self.c}
+
+    def scale_lr(self, lr, update: Update):
+        return lr / (1 + self.c * update.tau) if update.delayed and update.tau else lr

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 from torch.optim import Optimizer
 
 from delaylab.errors import ConfigError
-from delaylab.optim import error_feedback
+from delaylab.optim import inner_step
 from delaylab.optim._closure import closure_loss
-from delaylab.optim.damping import LrDamping
-from delaylab.optim.dc_asgd import DCASGD, DCASGDAdaptive
-from delaylab.optim.prediction import Extrapolation
-from delaylab.optim.queue import DelayQueue, check_count, per_group
+from delaylab.optim.corrections import CORRECTORS, build
+from delaylab.optim.corrector import Corrector, Update, overrides
+from delaylab.optim.queue import DelayQueue, check_count, common, per_group
 
-CORRECTIONS = ("none", "ef", "dc-asgd", "dc-asgd-a", "predict", "lookahead", "damp")
-# What each correction keeps in a parameter's state across steps.
-HELD = {"none": (), "ef": error_feedback.KEYS, "dc-asgd": DCASGD.keys, "dc-asgd-a": DCASGDAdaptive.keys,
-        "predict": Extrapolation.keys, "lookahead": Extrapolation.keys, "damp": LrDamping.keys}
-EF_DTYPES = {None: None, "float32": None, "bfloat16": torch.bfloat16}  # float32: the params' own
+# The fields of a state_dict saved before correctors were objects that configure them, and the
+# Delayed keyword each one was.
+_OLD_KEYWORDS = {"dc_lambda": "dc_lambda", "ef_dtype": "ef_dtype", "ef_lags": "ef_lag"}
 
 
 class Delayed(Optimizer):
@@ -44,42 +42,49 @@ class Delayed(Optimizer):
     PipeDream's stage-dependent delay: each group fills its own queue, so group ``g``'s update
     ``k`` uses batch ``k`` taken where every group ``h`` had made ``max(0, k - tau_h)`` updates.
 
-    **Corrections** (``u`` is the inner optimizer's update from the stale gradient):
+    **Corrections.** ``corrections`` is a list of correctors, optax-style: names (``["ef",
+    "damp"]``), a comma string (``"ef,damp"``) or corrector objects (``ErrorFeedback(dtype=
+    "bfloat16")``, ``LrDamping(0.5)``); ``"none"`` is the empty list. The names, the valid lists
+    (at most one corrector per target: gradient, update, lr) and the formulas are in
+    :mod:`delaylab.optim.corrections` and docs/correctors.md. ``correction=`` is the same
+    argument under its former name, and ``keywords`` configure named correctors by the names
+    the config uses: ``dc_lambda``, ``dc_lambda0``, ``dc_ms_decay``, ``lookahead_momentum``,
+    ``damping``, ``ef_dtype``, ``ef_lag`` (each corrector class declares its own; one given for
+    a corrector not in the list is checked, then unused). Each corrector holds its own
+    configuration; what it keeps per parameter lives in :attr:`state`, so it is saved, loaded
+    and re-targeted with the optimizer, and :meth:`corrector_bytes` counts it.
 
-    * ``"ef"`` (error feedback, update level): ``x_{k+1} = x_k - (l+1) u_k + l u_{k-1}``, with lag
-      ``l = ef_lag`` (default: the group's delay; ``u_{-1} = 0``). For ``l = 1`` this is
-      ``x_{t+1} = x_t - 2 u_{t-1}(g_{t-1}) + u_{t-2}(g_{t-2})`` in the paper's indexing. It keeps
-      one parameter-sized buffer (the last ``u``) across steps; a second one exists only inside
-      :meth:`step`. A pipeline stage, whose gradients are stale already, uses ``delay=0, ef_lag=1``.
-      ``ef_dtype="bfloat16"`` keeps that buffer in bf16 (half its bytes; the update then uses
-      the rounded ``u_{k-1}``).
-    * ``"dc-asgd"`` (Zheng et al. 2017, "Asynchronous SGD with Delay Compensation"):
-      ``g <- g + lambda g * g * (x_now - x_stale)``, which keeps a copy of the weights next to
-      each queued gradient. ``"dc-asgd-a"``, its adaptive form: ``lambda`` becomes
-      ``dc_lambda0 / sqrt(s + 1e-7)`` with ``s`` an EMA (factor ``dc_ms_decay``) of ``g * g``.
-    * ``"predict"`` (weight prediction, SpecTrain): the gradient is taken at
-      ``x - a u_last``, ``u_last`` the last applied update and ``a`` the updates the gradient
-      will wait for (``tau`` once the queue is full); ``"lookahead"`` (Nesterov-style, after
-      Ajanthan et al. 2025): at ``x - gamma u_last``, ``gamma = lookahead_momentum``. The caller
-      runs its forward/backward inside :meth:`predicted_weights`.
-    * ``"damp"``: a delayed update uses ``lr / (1 + damping * tau)``.
+    **Order.** On each call the correctors act at four fixed points, whatever the order of the
+    list, and within one point in the registry's order (ef, dc-asgd, dc-asgd-a, predict,
+    lookahead, damp):
 
-    Each lives in its own module (:mod:`~delaylab.optim.dc_asgd`,
-    :mod:`~delaylab.optim.prediction`, :mod:`~delaylab.optim.damping`) with its formula;
-    :meth:`corrector_bytes` counts what the correction holds across steps.
+    1. :meth:`predicted_weights` (around the caller's forward/backward): the weights move to
+       each corrector's gradient point (predict, lookahead) and come back bit for bit;
+    2. the queue: on a push something is kept beside the gradient, on a pop the stale gradient
+       is corrected (DC-ASGD), so the inner sees the corrected gradient;
+    3. the lr of a delayed update (damping), restored after the update;
+    4. around the inner step: error feedback rewrites the update the inner made (at the damped
+       lr), then prediction records ``u_last``, the displacement actually applied (EF's too).
+
+    Each point acts on what the earlier ones produced: a gradient is taken, queued, corrected,
+    applied at an lr, and the applied step is rewritten and then recorded. Prediction records
+    the applied displacement, not the inner's ``u``, because it predicts where the weights will
+    be, and they move by what is applied.
 
     **Phases.** Updates ``k < sync_start`` and ``k >= total_steps - sync_cooldown`` are
-    undelayed. Entering a delayed phase costs a fill of ``tau`` calls (a pipeline restarting
+    undelayed (the correctors act in delayed phases only; prediction keeps recording
+    ``u_last``). Entering a delayed phase costs a fill of ``tau`` calls (a pipeline restarting
     its warm-up); entering the cooldown drops the queued stale gradients. With ``total_steps``
     set, a group that has made ``total_steps`` updates ignores further calls.
 
     **Pieces.** The wrapper composes a :class:`~delaylab.optim.queue.DelayQueue` (counters,
-    phases, the queued gradients), :mod:`~delaylab.optim.error_feedback` and
-    :class:`~delaylab.optim.dc_asgd.DCASGD`; it knows no concrete inner class. EF steps the
-    inner one parameter at a time when every leaf declares that capability
-    (:mod:`delaylab.optim.capabilities`), and the whole model at once otherwise.
+    phases, the queued gradients), the correctors (:mod:`delaylab.optim.corrector`, the
+    protocol) and :mod:`delaylab.optim.inner_step`; it knows no concrete inner or corrector
+    class. The inner is stepped one parameter at a time around the correctors' hooks when one of
+    them asks for it (EF) and every leaf declares that capability
+    (:mod:`delaylab.optim.capabilities`), and as a whole otherwise.
 
-    ``delay=0, correction="none"`` calls ``inner.step()`` and nothing else, so it is the inner
+    ``delay=0`` without corrections calls ``inner.step()`` and nothing else, so it is the inner
     optimizer bit for bit. ``param_groups`` and ``defaults`` are the inner's own, so LR schedulers
     attached to the wrapper drive the inner learning rates; :meth:`add_param_group` adds to the
     inner and gives the group its own queue. After :meth:`step`, ``p.grad`` holds the
@@ -91,43 +96,30 @@ class Delayed(Optimizer):
         self,
         inner: Optimizer,
         delay: int | Sequence[int] = 1,
-        correction: str = "none",
+        corrections: str | Sequence[str | Corrector] = (),
         *,
-        dc_lambda: float = 0.04,
-        dc_lambda0: float = 2.0,
-        dc_ms_decay: float = 0.95,
-        lookahead_momentum: float = 0.99,
-        damping: float = 1.0,
-        ef_dtype: str | None = None,
+        correction: str | Sequence[str | Corrector] | None = None,
         sync_start: int = 0,
         sync_cooldown: int = 0,
         total_steps: int | None = None,
-        ef_lag: int | Sequence[int] | None = None,
+        **keywords,
     ):
         if not isinstance(inner, Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
-        n = len(inner.param_groups)
-        delays = per_group(delay, n, "delay")
-        if correction not in CORRECTIONS:
-            raise ConfigError(f"unknown correction {correction!r}; expected one of {', '.join(CORRECTIONS)}")
-        self.correction = correction
-        self._ef_lag_follows_delay = ef_lag is None
-        self.ef_lags = list(delays) if ef_lag is None else per_group(ef_lag, n, "ef_lag")
-        if ef_dtype not in EF_DTYPES:
-            raise ConfigError(f"ef_dtype must be float32 or bfloat16, got {ef_dtype!r}")
-        self.ef_dtype = ef_dtype or "float32"
-        # Every unit is built (so bad hyperparameters fail here), the correction's one is used.
-        self._dc = DCASGD(dc_lambda)
-        self._dca = DCASGDAdaptive(dc_lambda0, dc_ms_decay)
-        self._damping = LrDamping(damping)
-        extrapolates = correction in ("predict", "lookahead")
-        extrapolation = Extrapolation(correction if extrapolates else "lookahead", lookahead_momentum)
-        self._ex = extrapolation
-        self._extrapolation = extrapolation if extrapolates else None
-        companion = {"dc-asgd": self._dc, "dc-asgd-a": self._dca}.get(correction)
+        if correction is not None:
+            if corrections:
+                raise ConfigError("give corrections= or its former name correction=, not both")
+            corrections = correction
+        delays = per_group(delay, len(inner.param_groups), "delay")
+        self.correctors: list[Corrector] = [copy.copy(c) for c in build(corrections or (), **keywords)]
+        for c in self.correctors:
+            c.bind(list(delays))
+        self._shifters = [c for c in self.correctors if overrides(c, "weight_shift")]
+        self._scalers = [c for c in self.correctors if overrides(c, "scale_lr")]
+        self._wrappers = [c for c in self.correctors if overrides(c, "wraps")]
         self.queue = DelayQueue(
             delays, sync_start=sync_start, sync_cooldown=sync_cooldown, total_steps=total_steps,
-            companion=companion,
+            companions=[c for c in self.correctors if overrides(c, "on_push", "on_pop", "on_drop")],
         )
         self.inner = inner
         # Registers nothing itself (see add_param_group) and shares the inner's defaults, so
@@ -138,6 +130,20 @@ class Delayed(Optimizer):
         self.updated = False
 
     # -- configuration and counters ---------------------------------------------------------
+    @property
+    def correction(self) -> str:
+        """The correctors' names, comma-separated in the order they apply, or ``"none"``."""
+        return ",".join(c.name for c in self.correctors) or "none"
+
+    def corrector(self, name: str) -> Corrector | None:
+        return next((c for c in self.correctors if c.name == name), None)
+
+    @property
+    def ef_lags(self) -> list[int]:
+        """EF's lag per group (without EF: the delays, the lags it would take)."""
+        ef = self.corrector("ef")
+        return list(ef.lags) if ef is not None else list(self.delays)
+
     @property
     def delays(self) -> list[int]:
         return self.queue.delays
@@ -155,10 +161,6 @@ class Delayed(Optimizer):
         return self.queue.total_steps
 
     @property
-    def dc_lambda(self) -> float:
-        return self._dc.dc_lambda
-
-    @property
     def num_updates(self) -> int:
         """Updates made by the slowest group (all groups agree unless delays differ)."""
         return min(self.queue.updates)
@@ -169,99 +171,121 @@ class Delayed(Optimizer):
 
     def __repr__(self) -> str:
         delay = self.delays[0] if len(set(self.delays)) == 1 else self.delays
-        return f"Delayed({type(self.inner).__name__}, delay={delay}, correction={self.correction!r})"
+        return f"Delayed({type(self.inner).__name__}, delay={delay}, corrections={self.correction!r})"
 
-    def add_param_group(self, param_group: dict, *, delay: int | None = None, ef_lag: int | None = None) -> None:
+    def add_param_group(self, param_group: dict, *, delay: int | None = None, **options) -> None:
         """Add a group to the inner optimizer, with its own queue.
 
         Its delay is ``delay``, by default the wrapper's (which must then be one for all
-        groups); its EF lag is ``ef_lag``, by default what the other groups use (their delay,
-        unless ``ef_lag`` was given to the constructor). Its updates are counted from 0.
+        groups); ``options`` go to the correctors that read them (EF: ``ef_lag``, by default
+        what the other groups use). Its updates are counted from 0.
         """
         if any(param_group is g for g in self.inner.param_groups):
             return  # Optimizer.__init__ registering one of the inner's groups: ours already
-        delay = _common(self.delays, "delay") if delay is None else check_count("delay", delay)
-        if ef_lag is None:
-            ef_lag = delay if self._ef_lag_follows_delay else _common(self.ef_lags, "ef_lag")
-        check_count("ef_lag", ef_lag)
+        known = sorted({o for e in CORRECTORS.values() for o in e.factory.group_options})
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"unexpected keyword {unknown[0]!r} (the correctors read: {', '.join(known)})")
+        delay = common(self.delays, "delay") if delay is None else check_count("delay", delay)
         self.inner.add_param_group(param_group)
         self.param_groups = self.inner.param_groups  # a CombinedOptimizer keeps its list
         self.queue.add_group(delay)
-        self.ef_lags.append(ef_lag)
+        for c in self.correctors:
+            c.add_group(delay, **{k: v for k, v in options.items() if k in c.group_options})
 
     # -- the step -----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
-        if self.queue.plain and not (self.correction == "ef" and any(self.ef_lags)):
+        if self.queue.plain and not self.correctors:
             self.inner.step()  # plain inner optimizer, bit for bit
             self.queue.updates = [k + 1 for k in self.queue.updates]
             self.updated = True
             return loss
-
-        ef_lags: dict[int, int] = {}  # id(group) -> EF lag, for groups that update with EF now
-        updating: list[tuple[dict, int]] = []  # (group, tau of this update: 0 when undelayed)
+        updates: list[tuple[dict, Update]] = []  # the groups that update on this call
         for gi, group in enumerate(self.param_groups):
-            delayed = self.queue.advance(gi, group["params"], self.state)
-            if delayed is None:
-                continue
-            updating.append((group, self.delays[gi] if delayed else 0))
-            lag = self.ef_lags[gi] if delayed and self.correction == "ef" else 0
-            if lag:
-                ef_lags[id(group)] = lag
-
-        self.updated = bool(updating)
-        if not updating:
-            return loss
-        with self._around_inner_step(updating):
-            if not ef_lags:
-                self.inner.step()
-            elif self._steps_per_param(ef_lags):
-                self._ef_step_per_param(ef_lags)
-            else:
-                error_feedback.step_whole_model(self.inner, self.param_groups, ef_lags, self.state,
-                                                EF_DTYPES[self.ef_dtype])
+            delayed = self.queue.advance(gi, group["params"], self.state)  # 2. push, pop
+            if delayed is not None:
+                updates.append((group, Update(gi, self.delays[gi], delayed)))
+        self.updated = bool(updates)
+        if updates:
+            with self._scaled_lrs(updates):  # 3.
+                self._inner_step(updates)  # 4.
         return loss
 
     @contextmanager
-    def _around_inner_step(self, updating: list[tuple[dict, int]]):
-        """What damping and extrapolation do around the inner step (nothing for the others)."""
-        with ExitStack() as stack:
-            if self.correction == "damp":
-                stack.enter_context(self._damping.damped([(g, tau) for g, tau in updating if tau]))
-            before = None
-            if self._extrapolation is not None:  # u_last of every update, sync ones too
-                before = self._extrapolation.before_step(p for g, _ in updating for p in g["params"])
+    def _scaled_lrs(self, updates: list[tuple[dict, Update]]):
+        """Each updating group's lr as the correctors scale it, the group's own lr afterwards."""
+        scaled = updates if self._scalers else []
+        saved = [(g, g["lr"]) for g, _ in scaled]
+        try:
+            for g, u in scaled:
+                for c in self._scalers:
+                    g["lr"] = c.scale_lr(g["lr"], u)
             yield
-            if before is not None:
-                self._extrapolation.after_step(before, self.state)
+        finally:
+            for g, lr in saved:
+                g["lr"] = lr
+
+    def _inner_step(self, updates: list[tuple[dict, Update]]) -> None:
+        plan = {}  # id(group) -> (update, the correctors around it)
+        for g, u in updates:
+            hooked = [c for c in self._wrappers if c.wraps(u)]
+            if hooked:
+                plan[id(g)] = (u, hooked)
+        if not plan:
+            self.inner.step()
+        elif any(c.per_parameter for _, hooked in plan.values() for c in hooked) and self._steps_per_param(plan):
+            self._ef_step_per_param(plan)
+        else:
+            inner_step.whole_model(self.inner, self.param_groups, plan, self.state)
+
+    # The two paths are methods so that tests and benchmarks can pin one of them (the names
+    # are from when EF was the one corrector around the inner step).
+    def _steps_per_param(self, plan) -> bool:
+        return inner_step.can_step_per_parameter(self.inner, self.param_groups, plan)
+
+    def _ef_step_per_param(self, plan) -> None:
+        inner_step.per_parameter(self.inner, plan, self.state)
 
     @contextmanager
     def predicted_weights(self):
-        """Run the next call's forward/backward inside: with ``"predict"`` or ``"lookahead"`` the
-        weights are ``x - c u_last`` there (see :mod:`~delaylab.optim.prediction`) and come back
-        bit for bit on exit; with any other correction it does nothing."""
-        ex = self._extrapolation
-        shifts = []
-        if ex is not None:
-            for gi, group in enumerate(self.param_groups):
-                ahead = self.queue.ahead(gi)
-                if ahead is None or not self.queue.delayed_phase(self.queue.updates[gi]):
-                    continue
-                c = ex.coefficient(self.delays[gi], ahead)
-                if not c:
-                    continue
-                for p in group["params"]:
-                    u = self.state[p].get("u_last") if p in self.state else None
-                    if u is not None:
-                        shifts.append((p, u, c))
-        with Extrapolation.shifted(shifts):
+        """Run the next call's forward/backward inside: the weights are at the correctors'
+        gradient point there (``x - c u_last`` with ``"predict"`` or ``"lookahead"``, see
+        :mod:`~delaylab.optim.prediction`) and come back bit for bit on exit; without such a
+        corrector it does nothing."""
+        saved = []
+        try:
+            with torch.no_grad():
+                for p, moves in self._shifts():
+                    saved.append((p, p.detach().clone()))
+                    for t, alpha in moves:
+                        p.sub_(t, alpha=alpha)
             yield
+        finally:
+            with torch.no_grad():
+                for p, x in saved:
+                    p.copy_(x)
+
+    def _shifts(self) -> list[tuple[torch.Tensor, list[tuple[torch.Tensor, float]]]]:
+        """``(p, [(t, alpha), ...])``: where each parameter's next gradient is taken, ``p - sum alpha t``."""
+        shifts = []
+        for gi, group in enumerate(self.param_groups if self._shifters else []):
+            ahead = self.queue.ahead(gi)
+            if ahead is None:  # the group is done
+                continue
+            update = Update(gi, self.delays[gi], self.queue.delayed_phase(self.queue.updates[gi]))
+            for p in group["params"]:
+                st = self.state.get(p)
+                moves = [m for c in self._shifters if st and (m := c.weight_shift(st, update, ahead))]
+                if moves:
+                    shifts.append((p, moves))
+        return shifts
 
     def corrector_bytes(self) -> int:
-        """Bytes the correction holds across steps (EF buffer, DC-ASGD snapshots and mean
+        """Bytes the correctors hold across steps (EF buffer, DC-ASGD snapshots and mean
         square, ``u_last``), on this process; the delay queue's gradients are not counted."""
-        keys, total = HELD[self.correction], 0
+        keys, total = {k for c in self.correctors for k in c.keys}, 0
         for st in self.state.values():
             for key in keys:
                 v = st.get(key)
@@ -271,13 +295,6 @@ class Delayed(Optimizer):
                         total += t.numel() * t.element_size()
         return total
 
-    # The two EF paths are methods so that tests and benchmarks can pin one of them.
-    def _steps_per_param(self, ef_lags) -> bool:
-        return error_feedback.can_step_per_parameter(self.inner, self.param_groups, ef_lags)
-
-    def _ef_step_per_param(self, ef_lags) -> None:
-        error_feedback.step_per_parameter(self.inner, ef_lags, self.state, EF_DTYPES[self.ef_dtype])
-
     # -- state ---------------------------------------------------------------------------------
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
@@ -285,17 +302,11 @@ class Delayed(Optimizer):
     def _config(self) -> dict:
         return {
             "delays": list(self.delays),
-            "correction": self.correction,
-            "ef_lags": list(self.ef_lags),
-            "ef_dtype": self.ef_dtype,
+            "corrections": {c.name: c.hyper() for c in self.correctors},
             "sync_start": self.sync_start,
             "sync_cooldown": self.sync_cooldown,
             "total_steps": self.total_steps,
         }
-
-    def _hyper(self) -> dict:
-        return {"dc_lambda0": self._dca.dc_lambda, "dc_ms_decay": self._dca.ms_decay, "damping": self._damping.c,
-                "lookahead_momentum": self._ex.gamma}
 
     def state_dict(self) -> dict:
         buffers = {}
@@ -307,8 +318,6 @@ class Delayed(Optimizer):
             "inner": self.inner.state_dict(),
             "delayed": {
                 **self._config(),
-                "dc_lambda": self.dc_lambda,
-                "hyper": self._hyper(),
                 "updates": list(self.queue.updates),
                 "queued": list(self.queue.queued),
                 "updated": self.updated,
@@ -321,7 +330,7 @@ class Delayed(Optimizer):
             inner_sd, ours = state_dict["inner"], state_dict["delayed"]
         except (KeyError, TypeError):
             raise ConfigError("not a Delayed state_dict (expected keys 'inner' and 'delayed')") from None
-        saved = {k: ours.get(k, "float32") if k == "ef_dtype" else ours[k] for k in self._config()}  # older: no ef_dtype
+        saved = {k: ours[k] for k in self._config()} if "corrections" in ours else _config_of_old(ours)
         if saved != self._config():
             raise ConfigError(f"state_dict was saved with {saved}, but this wrapper has {self._config()}")
         self.inner.load_state_dict(inner_sd)
@@ -336,11 +345,6 @@ class Delayed(Optimizer):
             self.state[p] = {
                 key: ([move(t) for t in v] if isinstance(v, list) else move(v)) for key, v in st.items()
             }
-        self._dc.dc_lambda = ours["dc_lambda"]
-        if "hyper" in ours:  # saved by a version that had the other correctors
-            h = ours["hyper"]
-            self._dca.dc_lambda, self._dca.ms_decay, self._damping.c = h["dc_lambda0"], h["dc_ms_decay"], h["damping"]
-            self._ex.gamma = h["lookahead_momentum"]
         self.queue.updates = list(ours["updates"])
         self.queue.queued = list(ours["queued"])
         self.updated = ours["updated"]
@@ -356,7 +360,12 @@ class Delayed(Optimizer):
         self.__dict__.update(state)
 
 
-def _common(values: list[int], name: str) -> int:
-    if len(set(values)) != 1:
-        raise ConfigError(f"the param groups have different {name}s {values}; pass {name}= for the new group")
-    return values[0]
+def _config_of_old(ours: dict) -> dict:
+    """The configuration in a state_dict saved with one ``correction`` name (before correctors
+    were objects): its correctors built as that version's constructor would have built them."""
+    keywords = {**{new: ours.get(old) for old, new in _OLD_KEYWORDS.items()}, **ours.get("hyper", {})}
+    correctors = build(ours["correction"], **keywords)
+    for c in correctors:
+        c.bind(list(ours["delays"]))
+    return {"delays": ours["delays"], "corrections": {c.name: c.hyper() for c in correctors},
+            **{k: ours[k] for k in ("sync_start", "sync_cooldown", "total_steps")}}

@@ -3,26 +3,28 @@ r"""Error feedback at the update level, around one step of any inner optimizer.
 With ``u_k`` the inner optimizer's update from the stale gradient and lag ``l``,
 ``x_{k+1} = x_k - (l+1) u_k + l u_{k-1}`` (``u_{-1} = 0``). Across steps it keeps one
 parameter-sized buffer, the last ``u`` (``state[p]["ef_buffer"]``); a snapshot of the
-weights before the inner step exists only during :func:`step`.
+weights before the inner step exists only during the step.
 
 ``dtype`` (default: the parameter's) stores the buffer in a lower precision, e.g. bfloat16:
 half the bytes, and the update uses the rounded ``u_{k-1}`` (``u_k`` itself is exact). The
 paper lists EF's extra model copy as its memory cost; this halves it.
 
-``ef_lags`` maps ``id(group)`` to the lag of each group that updates with EF on this call;
-the other groups are stepped plainly.
+``lag`` (default: each group's delay) is how stale the gradients are: a pipeline stage, whose
+gradients arrive stale, runs EF at delay 0 with its lag. It acts on updates in a delayed phase.
+With damping, ``u_k`` is the update the inner makes at the damped lr.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
-from torch.optim import Optimizer
-from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
-from delaylab.optim.capabilities import leaves, steps_per_parameter
+from delaylab.errors import ConfigError
+from delaylab.optim.corrector import Corrector, Spare, Update
+from delaylab.optim.queue import check_count, common, per_group
 
-
-KEYS = ("ef_buffer",)  # what EF holds across steps
+DTYPES = {None: None, "float32": None, "bfloat16": torch.bfloat16}  # float32: the params' own
 
 
 def feedback(p: torch.Tensor, u: torch.Tensor, lag: int, st: dict,
@@ -48,71 +50,40 @@ def feedback(p: torch.Tensor, u: torch.Tensor, lag: int, st: dict,
     return u
 
 
-def can_step_per_parameter(inner: Optimizer, param_groups, ef_lags: dict[int, int]) -> bool:
-    """Whether :func:`step_per_parameter` equals :func:`step_whole_model` here.
+class ErrorFeedback(Corrector):
+    name = "ef"
+    keys = ("ef_buffer",)
+    keywords = {"ef_dtype": "dtype", "ef_lag": "lag"}
+    group_options = ("ef_lag",)
+    per_parameter = True  # measured: README "Speed"
 
-    That needs leaf optimizers that declare the capability (see
-    :mod:`delaylab.optim.capabilities`), no step hooks (they would fire once per parameter)
-    and parameters on the CPU, where the snapshot stays in cache; on an accelerator it would
-    split foreach/fused kernels.
-    """
-    if _global_optimizer_pre_hooks or _global_optimizer_post_hooks:
-        return False
-    for leaf in leaves(inner):
-        if not steps_per_parameter(leaf):
-            return False
-        if leaf._optimizer_step_pre_hooks or leaf._optimizer_step_post_hooks:
-            return False
-    return all(p.device.type == "cpu" for g in param_groups if id(g) in ef_lags for p in g["params"])
+    def __init__(self, dtype: str | None = None, lag: int | Sequence[int] | None = None):
+        if dtype not in DTYPES:
+            raise ConfigError(f"ef_dtype must be float32 or bfloat16, got {dtype!r}")
+        self.dtype = dtype or "float32"
+        self.lag = lag  # None: each group's delay
+        self.lags: list[int] = []
 
+    def hyper(self) -> dict:
+        return {"dtype": self.dtype, "lags": list(self.lags)}
 
-def step_whole_model(inner: Optimizer, param_groups, ef_lags: dict[int, int], state,
-                     dtype: torch.dtype | None = None) -> None:
-    """Snapshot every EF parameter, one inner step, then the feedback: works for any inner."""
-    ef_params = [
-        (ef_lags[id(g)], p) for g in param_groups if id(g) in ef_lags
-        for p in g["params"] if p.grad is not None
-    ]
-    before = [p.detach().clone() for _, p in ef_params]
-    inner.step()
-    for (lag, p), u in zip(ef_params, before):
-        feedback(p, u, lag, state[p], dtype)
+    def bind(self, delays: list[int]) -> None:
+        self.lags = list(delays) if self.lag is None else per_group(self.lag, len(delays), "ef_lag")
 
+    def add_group(self, tau: int, ef_lag: int | None = None) -> None:
+        """The group's lag is ``ef_lag``, by default what the others use (their delay, unless
+        ``lag`` was given)."""
+        if ef_lag is None:
+            ef_lag = tau if self.lag is None else common(self.lags, "ef_lag")
+        self.lags.append(check_count("ef_lag", ef_lag))
 
-def step_per_parameter(inner: Optimizer, ef_lags: dict[int, int], state,
-                       dtype: torch.dtype | None = None) -> None:
-    """The inner step and EF, one parameter at a time; equal to :func:`step_whole_model`.
+    def wraps(self, update: Update) -> bool:
+        return update.delayed and self.lags[update.group] > 0
 
-    The snapshot of ``x_before`` is one parameter, not the model, and lives in the buffer
-    the previous parameter of the same shape just freed, so the step allocates almost
-    nothing and its four extra passes run on memory that is still in cache.
-    """
-    spare: dict[tuple, torch.Tensor] = {}
-    for leaf in leaves(inner):
-        groups = leaf.param_groups
-        saved = [g["params"] for g in groups]
-        try:
-            # Groups without EF first, in one ordinary step.
-            for g, params in zip(groups, saved):
-                g["params"] = [] if id(g) in ef_lags else params
-            if any(g["params"] for g in groups):
-                leaf.step()
-            for g in groups:
-                g["params"] = []
-            for g, params in zip(groups, saved):
-                if id(g) not in ef_lags:
-                    continue
-                for p in params:
-                    if p.grad is None:
-                        continue
-                    key = (p.shape, p.dtype)
-                    u = spare.pop(key).copy_(p) if key in spare else p.detach().clone()
-                    g["params"] = [p]
-                    leaf.step()
-                    prev = feedback(p, u, ef_lags[id(g)], state[p], dtype)
-                    if prev is not None:
-                        spare[key] = prev
-                g["params"] = []
-        finally:
-            for g, params in zip(groups, saved):
-                g["params"] = params
+    def before(self, p, st, update, spare: Spare) -> torch.Tensor:
+        return spare.copy_of(p)
+
+    def after(self, p, st, update, x_before, spare: Spare) -> None:
+        free = feedback(p, x_before, self.lags[update.group], st, DTYPES[self.dtype])
+        if free is not None:
+            spare.give(free)

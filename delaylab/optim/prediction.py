@@ -1,14 +1,15 @@
 r"""Weight prediction (SpecTrain) and Nesterov-style look-ahead: the gradient is taken at
-extrapolated weights, one unit with two coefficients.
+extrapolated weights; two correctors on one base.
 
 Both keep ``u_last = x_before - x_after`` of the last update, as applied: after the inner
-optimizer's own transform (Adam's scaling, Muon's orthogonalization, weight decay), one
-parameter-sized buffer (``state[p]["u_last"]``). The forward/backward of the next batch then
-runs at
+optimizer's own transform (Adam's scaling, Muon's orthogonalization, weight decay) and after
+the other correctors (with error feedback, EF's displacement ``(l+1) u_k - l u_{k-1}``), one
+parameter-sized buffer (``state[p]["u_last"]``), recorded at every update of a group with a
+delay (sync-phase ones too). The forward/backward of the next batch then runs at
 
 .. math:: \hat x = x - c\, u_{last},
 
-and the weights are restored, bit for bit, before the update (:meth:`Extrapolation.shifted`).
+and the weights are restored, bit for bit, before the update (``Delayed.predicted_weights``).
 
 * ``"predict"`` -- weight prediction (Chen et al. 2019, "Efficient and Robust Parallel DNN
   Training through Model Parallelism on Multi-GPU Platform", SpecTrain, which extrapolates
@@ -32,55 +33,57 @@ Neither changes anything at ``c = 0`` (before the first update, or outside a del
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterable
-
 import torch
 
 from delaylab.errors import ConfigError
+from delaylab.optim.corrector import Corrector, Spare, Update
 
-KINDS = ("predict", "lookahead")
 
-
-class Extrapolation:
-    keys = ("u_last",)  # what it holds across steps
-
-    def __init__(self, kind: str, gamma: float = 0.99):
-        if kind not in KINDS:
-            raise ConfigError(f"unknown extrapolation {kind!r}; expected one of {', '.join(KINDS)}")
-        if not gamma >= 0:
-            raise ConfigError(f"lookahead_momentum must be >= 0, got {gamma}")
-        self.kind, self.gamma = kind, float(gamma)
+class Extrapolation(Corrector):
+    keys = ("u_last",)
 
     def coefficient(self, tau: int, ahead: int) -> float:
-        """``c`` for a group with delay ``tau`` whose next gradient waits ``ahead`` updates."""
-        if not tau:
-            return 0.0
-        return float(ahead) if self.kind == "predict" else self.gamma
+        """``c`` for a group with delay ``tau > 0`` whose next gradient waits ``ahead`` updates."""
+        raise NotImplementedError
 
-    @staticmethod
-    def before_step(params: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Copies of the weights an update is about to change (those with a gradient)."""
-        return [(p, p.detach().clone()) for p in params if p.grad is not None]
+    def weight_shift(self, st: dict, update: Update, ahead: int):
+        u = st.get("u_last")
+        if u is None or not (update.delayed and update.tau):
+            return None
+        c = self.coefficient(update.tau, ahead)
+        return (u, c) if c else None
 
-    @staticmethod
-    def after_step(before: list[tuple[torch.Tensor, torch.Tensor]], state) -> None:
-        """``u_last = x_before - x_after``, in the copy's memory (the old ``u_last`` is freed)."""
-        for p, x_before in before:
-            state[p]["u_last"] = x_before.sub_(p)
+    def wraps(self, update: Update) -> bool:
+        return update.tau > 0
 
-    @staticmethod
-    @contextmanager
-    def shifted(shifts: list[tuple[torch.Tensor, torch.Tensor, float]]):
-        """Weights at ``x - c u_last`` inside, restored from a copy (bit for bit) on exit."""
-        saved = []
-        try:
-            with torch.no_grad():
-                for p, u, c in shifts:
-                    saved.append((p, p.detach().clone()))
-                    p.sub_(u, alpha=c)
-            yield
-        finally:
-            with torch.no_grad():
-                for p, x in saved:
-                    p.copy_(x)
+    def before(self, p, st, update, spare: Spare) -> torch.Tensor:
+        return spare.copy_of(p)
+
+    def after(self, p, st, update, x_before, spare: Spare) -> None:
+        old = st.get("u_last")
+        st["u_last"] = x_before.sub_(p)
+        if old is not None:
+            spare.give(old)
+
+
+class WeightPrediction(Extrapolation):
+    name = "predict"
+
+    def coefficient(self, tau: int, ahead: int) -> float:
+        return float(ahead)
+
+
+class Lookahead(Extrapolation):
+    name = "lookahead"
+    keywords = {"lookahead_momentum": "gamma"}
+
+    def __init__(self, gamma: float = 0.99):
+        if not gamma >= 0:
+            raise ConfigError(f"lookahead_momentum must be >= 0, got {gamma}")
+        self.gamma = float(gamma)
+
+    def hyper(self) -> dict:
+        return {"gamma": self.gamma}
+
+    def coefficient(self, tau: int, ahead: int) -> float:
+        return self.gamma

@@ -8,24 +8,19 @@ entering one costs a new fill. With ``total_steps`` set, a group that has made
 ``total_steps`` updates ignores further calls.
 
 The queued gradients live in the owner's per-parameter state (``state[p]["queue"]``), so
-they are saved, loaded and re-targeted with it. A ``companion`` (DC-ASGD) may keep something
-next to each queued gradient: it is told ``remember(p, st)`` on a push, ``apply(p, st, g)`` on
-a pop (returning the gradient to use) and ``forget(st)`` when the queue is dropped.
+they are saved, loaded and re-targeted with it. ``companions`` (correctors: DC-ASGD) may keep
+something next to each queued gradient: in their order, each is told ``on_push(p, st)`` on a
+push, ``on_pop(p, st, g)`` on a pop (returning the gradient to use) and ``on_drop(st)`` when
+the queue is dropped.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from delaylab.errors import ConfigError
-
-
-class QueueCompanion(Protocol):
-    def remember(self, p: torch.Tensor, st: dict) -> None: ...
-    def apply(self, p: torch.Tensor, st: dict, g: torch.Tensor | None) -> torch.Tensor | None: ...
-    def forget(self, st: dict) -> None: ...
 
 
 def per_group(value: int | Sequence[int], n: int, name: str) -> list[int]:
@@ -44,6 +39,13 @@ def check_count(name: str, v) -> int:
     return v
 
 
+def common(values: list[int], name: str) -> int:
+    """The one value all groups share, for a new group that does not give its own."""
+    if len(set(values)) != 1:
+        raise ConfigError(f"the param groups have different {name}s {values}; pass {name}= for the new group")
+    return values[0]
+
+
 class DelayQueue:
     def __init__(
         self,
@@ -52,7 +54,7 @@ class DelayQueue:
         sync_start: int = 0,
         sync_cooldown: int = 0,
         total_steps: int | None = None,
-        companion: QueueCompanion | None = None,
+        companions: Sequence = (),
     ):
         for name, v in (("sync_start", sync_start), ("sync_cooldown", sync_cooldown)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -63,7 +65,7 @@ class DelayQueue:
             raise ConfigError("sync_cooldown needs total_steps (the cooldown is the last K of them)")
         self.delays = list(delays)
         self.sync_start, self.sync_cooldown, self.total_steps = sync_start, sync_cooldown, total_steps
-        self.companion = companion
+        self.companions = tuple(companions)
         self.updates = [0] * len(self.delays)  # updates made, per group
         self.queued = [0] * len(self.delays)  # gradients waiting, per group
 
@@ -122,19 +124,21 @@ class DelayQueue:
         for p in params:
             st = state[p]
             st.setdefault("queue", []).append(p.grad)
-            if self.companion is not None:
-                self.companion.remember(p, st)
+            for c in self.companions:
+                c.on_push(p, st)
             p.grad = None
 
     def _pop(self, params, state) -> None:
         for p in params:
             st = state[p]
             g = st["queue"].pop(0)
-            p.grad = g if self.companion is None else self.companion.apply(p, st, g)
+            for c in self.companions:
+                g = c.on_pop(p, st, g)
+            p.grad = g
 
     def _drop(self, params, state) -> None:
         for p in params:
             st = state[p]
             st.pop("queue", None)
-            if self.companion is not None:
-                self.companion.forget(st)
+            for c in self.companions:
+                c.on_drop(st)

@@ -212,3 +212,156 @@ def test_bad_corrector_arguments_raise_config_errors(kw, msg):
 
     with pytest.raises(ConfigError, match=msg):
         Delayed(torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1), 1, "none", **kw)
+
+
+# -- combinations -------------------------------------------------------------------------------
+def feed(opt, x, calls, start=0):
+    """Calls ``start ..`` of f_c, each gradient taken inside ``predicted_weights``."""
+    for c in range(start, start + calls):
+        with opt.predicted_weights():
+            x.grad = torch.tensor(grad(x.detach().numpy(), c))
+        opt.step()
+
+
+def saved_copy(opt) -> dict:
+    """``opt.state_dict()`` through a file's bytes: a copy, as a checkpoint is."""
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def resumes_bit_for_bit(make, sd_of=saved_copy) -> dict:
+    """Run ``make(x)`` 5 calls, load ``sd_of(opt)`` into a fresh ``make(y)``, run both 6 more:
+    they must agree to the bit. Returns the state_dict that was loaded."""
+    x = torch.tensor(X0, requires_grad=True)
+    opt = make(x)
+    feed(opt, x, 5)
+    sd = sd_of(opt)
+    y = x.detach().clone().requires_grad_()
+    fresh = make(y)
+    fresh.load_state_dict(sd)
+    feed(opt, x, 6, start=5)
+    feed(fresh, y, 6, start=5)
+    assert torch.equal(x, y)
+    return sd
+
+
+# Documented composition (docs/correctors.md): the gradient is taken at the gradient point, the
+# inner makes its update at the damped lr, EF rewrites that update, and u_last is the
+# displacement actually applied (EF's included).
+
+
+def ef_by_hand(tau, damping=None, shift=None, gamma=0.6, calls=CALLS):
+    """x_{k+1} = x_k - (tau+1) u_k + tau u_{k-1}, u_{-1} = 0, u_k = eta * grad(z_k, k) with
+    eta = LR / (1 + damping tau) and z_k = x_j - a d_j, j = max(0, k - tau), d_j = x_{j-1} - x_j
+    (the applied displacement; 0 for j = 0), a = min(k, tau) (predict) or gamma (lookahead)."""
+    eta = LR if damping is None else LR / (1 + damping * tau)
+    hist, u_prev = [X0], np.zeros(D)
+    for k in range(calls - tau):
+        j = max(0, k - tau)
+        z = hist[j]
+        if shift is not None and j >= 1:
+            z = z - (min(k, tau) if shift == "predict" else gamma) * (hist[j - 1] - hist[j])
+        u = eta * grad(z, k)
+        hist.append(hist[k] - (tau + 1) * u + tau * u_prev)
+        u_prev = u
+    return np.array([X0] * tau + hist[1:])
+
+
+COMBINATIONS = {
+    "ef,damp": dict(damping=0.5),
+    "ef,predict": dict(shift="predict"),
+    "ef,lookahead": dict(shift="lookahead"),
+    "ef,predict,damp": dict(damping=0.5, shift="predict"),
+}
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+@pytest.mark.parametrize("spec", COMBINATIONS)
+def test_combination_is_its_hand_recursion(spec, tau):
+    kw = COMBINATIONS[spec]
+    xs, opt = drive(spec, tau, damping=kw.get("damping"), lookahead_momentum=0.6)
+    np.testing.assert_allclose(xs, ef_by_hand(tau, **kw), rtol=0, atol=TOL)
+    assert opt.correction == spec and opt.param_groups[0]["lr"] == LR
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_prediction_under_ef_extrapolates_the_applied_displacement_not_the_inner_update(tau):
+    """The alternative (u_last = the inner's u_{j-1}) is a different trajectory: the test above
+    tells the two apart."""
+    hist, us = [X0], [np.zeros(D)]
+    for k in range(CALLS - tau):
+        j = max(0, k - tau)
+        u = LR * grad(hist[j] - min(k, tau) * us[j], k)
+        hist.append(hist[k] - (tau + 1) * u + tau * us[-1])
+        us.append(u)
+    xs, _ = drive("ef,predict", tau)
+    assert np.abs(xs - np.array([X0] * tau + hist[1:])).max() > 1e-4
+
+
+def test_the_list_order_and_the_form_do_not_change_the_result():
+    from delaylab.optim.damping import LrDamping
+    from delaylab.optim.error_feedback import ErrorFeedback
+
+    ref, _ = drive("ef,damp", 2, damping=0.5, ef_dtype="bfloat16")
+    for spec in ("damp,ef", ["damp", "ef"], [LrDamping(0.5), ErrorFeedback(dtype="bfloat16")]):
+        kw = {} if not isinstance(spec[0], str) else dict(damping=0.5, ef_dtype="bfloat16")
+        xs, opt = drive(spec, 2, **kw)
+        np.testing.assert_array_equal(xs, ref)
+        assert opt.correction == "ef,damp"
+
+
+def test_a_corrector_object_is_copied_into_each_wrapper():
+    from delaylab.optim.error_feedback import ErrorFeedback
+
+    ef = ErrorFeedback()
+    a = Delayed(torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1), 1, [ef])
+    b = Delayed(torch.optim.SGD([{"params": [torch.zeros(2, requires_grad=True)]},
+                                 {"params": [torch.zeros(1, requires_grad=True)]}], lr=0.1), [2, 0], [ef])
+    assert (a.ef_lags, b.ef_lags, ef.lags) == ([1], [2, 0], [])
+
+
+@pytest.mark.parametrize("spec", ["ef,damp", "dc-asgd-a,ef", "ef,predict,damp"])
+def test_two_or_three_correctors_resume_in_mid_queue_bit_for_bit(spec):
+    saved = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, spec, damping=0.5))
+    assert len(saved["delayed"]["buffers"][0]["queue"]) == 2  # mid-queue: two gradients waiting
+    held = saved["delayed"]["corrections"]  # each corrector's configuration, in the order they apply
+    assert list(held) == [n for n in ("ef", "dc-asgd-a", "predict", "damp") if n in spec.split(",")]
+    assert held["ef"] == {"dtype": "float32", "lags": [2]} and held.get("damp", {"c": 0.5}) == {"c": 0.5}
+    other = Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2, spec,
+                    damping=0.5, ef_dtype="bfloat16")
+    with pytest.raises(ValueError, match="saved with"):  # another configuration: not this run's state
+        other.load_state_dict(saved)
+
+
+def _old_format(opt, correction, *, hyper=True, **old):
+    """``opt.state_dict()`` rewritten in the format of main 514494e (one ``correction`` name and
+    the Delayed keywords as fields); ``hyper=False``: the format before ddb4321 (no ``ef_dtype``,
+    no ``hyper``)."""
+    sd = saved_copy(opt)
+    ours = sd["delayed"]
+    fields = {"delays": ours["delays"], "correction": correction, "ef_lags": old.pop("ef_lags", ours["delays"]),
+              "sync_start": ours["sync_start"], "sync_cooldown": ours["sync_cooldown"],
+              "total_steps": ours["total_steps"], "dc_lambda": old.pop("dc_lambda", 0.04)}
+    if hyper:
+        fields["ef_dtype"] = old.pop("ef_dtype", "float32")
+        fields["hyper"] = {"dc_lambda0": 2.0, "dc_ms_decay": 0.95, "damping": 1.0, "lookahead_momentum": 0.99, **old}
+    fields.update({k: ours[k] for k in ("updates", "queued", "updated", "buffers")})
+    return {"inner": sd["inner"], "delayed": fields}
+
+
+@pytest.mark.parametrize("correction,kw,hyper", [
+    ("none", {}, True), ("ef", {"ef_dtype": "bfloat16"}, True), ("dc-asgd-a", {"dc_ms_decay": 0.9}, True),
+    ("damp", {"damping": 0.5}, True), ("lookahead", {"lookahead_momentum": 0.6}, True),
+    ("ef", {}, False), ("dc-asgd", {"dc_lambda": 0.5}, False),
+])
+def test_a_state_dict_of_the_one_correction_format_still_loads(correction, kw, hyper):
+    old = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, correction=correction, **kw),
+                              lambda opt: _old_format(opt, correction, hyper=hyper, **kw))
+    assert "corrections" not in old["delayed"]
+    # Another corrector, or this one at its default hyperparameters: not the saved run.
+    other = correction if kw else "none" if correction != "none" else "ef"
+    with pytest.raises(ValueError, match="saved with"):
+        Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2,
+                other).load_state_dict(old)

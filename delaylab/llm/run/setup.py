@@ -152,23 +152,24 @@ def build_delayed_optimizer(model: GPT, cfg: Config):
         inner = CombinedOptimizer(parts)
     d = cfg.delay
     return Delayed(
-        inner, delay=per_group, correction=d.correction, dc_lambda=d.dc_lambda, dc_lambda0=d.dc_lambda0,
+        inner, delay=per_group, corrections=d.correction, dc_lambda=d.dc_lambda, dc_lambda0=d.dc_lambda0,
         dc_ms_decay=d.dc_ms_decay, lookahead_momentum=d.lookahead_momentum, damping=d.damping, ef_dtype=d.ef_dtype,
         sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps,
     )
 
 
 def optimizer_factory(cfg: Config):
-    """``make(module, tau)``: a pipeline stage's optimizer, with EF at the stage's lag ``tau`` if asked."""
+    """``make(module, tau)``: a pipeline stage's optimizer, with its correctors at the stage's lag ``tau``."""
     from delaylab.optim import Delayed, build_optimizer
+    from delaylab.optim.corrections import for_stage
 
     hp = cfg.optimizer_kwargs()
 
     def make(module, tau: int):
         inner = build_optimizer(cfg.optim.optimizer, module, **hp)
-        if cfg.delay.correction == "ef":
-            # The stage's gradients are stale already: EF with the stage's lag, no queue.
-            return Delayed(inner, delay=0, correction="ef", ef_lag=tau)
+        if cfg.delay.correction != "none":
+            # The stage's gradients are stale already: its correctors at the stage's lag, no queue.
+            return Delayed(inner, delay=0, corrections=for_stage(cfg.delay.correction, tau))
         return inner
 
     return make
