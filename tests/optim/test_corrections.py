@@ -164,7 +164,7 @@ def ef_damp_adamw_by_hand(**flags) -> tuple[dict, dict]:
             for n, p in params.items():
                 p.copy_(x[n])
         model.zero_grad(set_to_none=True)
-        xb, yb = trainer._rows(*trainer.data.batch(k, cfg.data.batch_size, trainer.block, cfg.run.seed))
+        xb, yb = trainer.setup.rows(*trainer.data.batch(k, cfg.data.batch_size, trainer.block, cfg.run.seed))
         model(xb, yb)[1].backward()
         return {n: p.grad.detach().clone() for n, p in params.items()}
 
