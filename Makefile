@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[optimizers,data,test]"
+	$(PY) -m pip install -q -e ".[optimizers,data,test,titan]"
 	touch $@
 
 install: $(VENV)/.installed

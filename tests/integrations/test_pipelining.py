@@ -1,0 +1,115 @@
+"""Schedule2BW / SchedulePipeDream on torch's PipelineStage equal the simulator and the own engine.
+
+Three independent computations of one configuration, in float64, on gloo ranks: this package's
+schedules driving torch's ``PipelineStage`` (``run_torch_schedule``), the single-process
+simulator (``delaylab.llm.train.train``: ``Delayed(delay=1)`` over ``M`` accumulated
+microbatches, or the per-stage delays of PipeDream) and the project's own pipeline engine
+(``run_jobs``). Ten updates each.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from delaylab.integrations.gpt_pipeline import run_torch_schedule
+from delaylab.integrations.pipelining import Schedule2BW, SchedulePipeDream
+from delaylab.llm.config import Config
+from delaylab.llm.pipeline.launch import run_jobs
+from delaylab.llm.train import train
+
+TOL = 1e-10
+STEPS = 10
+
+
+def config(P: int, schedule: str, M: int, optimizer: str, correction: str) -> Config:
+    return Config.from_dict(dict(
+        preset="small", schedule=schedule, stages=P, grad_accum=M, optimizer=optimizer, correction=correction,
+        tie_embeddings=False, dtype="float64", device="cpu", batch_size=2, block_size=16, steps=STEPS,
+        eval_batches=1, log_every=5, ckpt_every=0, threads=1, progress=False, seed=3,
+    )).resolved("pipeline")
+
+
+# name -> (torch schedule, config); M = P - 1 at P = 4 is the tightest 2BW allows.
+CASES = {
+    2: {"2bw-adamw-M3": ("2BW", config(2, "2bw", 3, "adamw", "none")),
+        "2bw-sgd-ef-M2": ("2BW", config(2, "2bw", 2, "sgd", "ef"))},
+    4: {"2bw-adamw-ef-M3": ("2BW", config(4, "2bw", 3, "adamw", "ef")),
+        "pipedream-sgd-M1": ("PipeDream", config(4, "pipedream", 1, "sgd", "none"))},
+}
+
+
+def weights(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module", params=sorted(CASES), ids=lambda P: f"P{P}")
+def runs(request, tmp_path_factory):
+    P, root = request.param, tmp_path_factory.mktemp(f"torch-2bw-{request.param}")
+    cases = CASES[P]
+    ours = run_torch_schedule([(cfg, sched, root / f"ours-{name}") for name, (sched, cfg) in cases.items()])
+    run_jobs([(cfg, root / f"engine-{name}") for name, (_, cfg) in cases.items()])
+    for name, (_, cfg) in cases.items():
+        train(cfg, root / f"sim-{name}")
+    return P, root, dict(zip(cases, ours))
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_torch_schedules_equal_simulator_and_engine_in_float64(runs):
+    P, root, info = runs
+    for name in CASES[P]:
+        ours = weights(root / f"ours-{name}" / "model.pt")
+        sim = torch.load(root / f"sim-{name}" / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
+        engine = weights(root / f"engine-{name}" / "model.pt")
+        assert all(v.dtype == torch.float64 for v in ours.values())
+        d_sim, d_engine = max_abs_diff(ours, sim), max_abs_diff(ours, engine)
+        print(f"P={P} {name}: max |diff| vs simulator {d_sim:.3g}, vs own engine {d_engine:.3g}")
+        assert d_sim <= TOL and d_engine <= TOL, name
+        assert info[name]["updates"] == STEPS  # the last stage's optimizer steps: flush included
+
+
+@pytest.mark.dist
+def test_the_tolerance_resolves_the_delay(runs):
+    """The synchronous run of a case is far from the delayed one: the comparison can tell them apart."""
+    P, root, _ = runs
+    name, (_, cfg) = next(iter(CASES[P].items()))
+    sync = cfg.replace(schedule=None, delay=0, correction="none").resolved()
+    train(sync, root / f"sync-{name}")
+    sync_w = torch.load(root / f"sync-{name}" / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
+    assert max_abs_diff(weights(root / f"ours-{name}" / "model.pt"), sync_w) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def one_rank_group(tmp_path_factory):
+    """A world of one gloo rank, enough to build a PipelineStage and check the constructors."""
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    store = tmp_path_factory.mktemp("store") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def stage(index: int, stages: int):
+    from torch.distributed.pipelining import PipelineStage
+
+    return PipelineStage(torch.nn.Linear(2, 2), index, stages, torch.device("cpu"))
+
+
+def test_constructors_reject_what_the_schedules_cannot_run(one_rank_group):
+    loss = lambda out, y: out.sum()  # noqa: E731
+    with pytest.raises(ValueError, match="n_microbatches >= 3"):
+        Schedule2BW(stage(0, 4), 2, loss_fn=loss)
+    Schedule2BW(stage(0, 4), 3, loss_fn=loss)  # M = P - 1: allowed
+    with pytest.raises(ValueError, match="n_microbatches=1"):
+        SchedulePipeDream(stage(0, 4), 2, loss_fn=loss)
+    with pytest.raises(ValueError, match="needs a loss_fn"):
+        Schedule2BW(stage(0, 2), 2)
+    assert SchedulePipeDream(stage(1, 4), 1, loss_fn=loss).delay == 2
+    with pytest.raises(NotImplementedError, match="eval"):
+        Schedule2BW(stage(0, 2), 2, loss_fn=loss).eval()
