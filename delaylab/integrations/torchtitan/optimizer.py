@@ -156,6 +156,7 @@ class DelayedOptimizersContainer(OptimizersContainer):
         for d in self.optimizers:
             self._materialize(d.inner)
             load_flat_optim_state_dict(d.inner, state_dict)
+            d.param_groups = d.inner.param_groups  # torch's load_state_dict made new group dicts
             self._placeholders.discard(id(d.inner))
             if _load_delay_state(d, state_dict):  # the inner state was a placeholder when saved
                 self._placeholders.add(id(d.inner))
@@ -202,10 +203,8 @@ class DelayedLRSchedulersContainer(LRSchedulersContainer):
         for sched in self.schedulers:
             _set_lrs(sched)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        LRSchedulersContainer.load_state_dict(self, state_dict)
-        for sched in self.schedulers:
-            _set_lrs(sched)
+    # load_state_dict: torchtitan's (``last_epoch``; DCP loads it before the optimizers, whose
+    # param groups bring each group's lr back).
 
 
 def _set_lrs(sched) -> None:
