@@ -39,9 +39,11 @@ def schedule_class(name: str):
 
 class StageRun:
     """One rank's stage under ``schedule``: ``batch(b)`` runs batch ``b`` (one ``step()`` and the
-    update it allows), ``finish()`` drains the pipe and applies what is left."""
+    update it allows), ``finish()`` drains the pipe and applies what is left. ``microbatches``:
+    call ``step`` with the batch already split, as torchtitan 0.3.0's trainer does
+    (``arg_mbs=``, ``kwarg_mbs=``, ``target_mbs=``), instead of ``step(x, target=y)``."""
 
-    def __init__(self, cfg: Config, schedule: str, group=None):
+    def __init__(self, cfg: Config, schedule: str, group=None, microbatches: bool = False):
         from torch.distributed.pipelining import PipelineStage
 
         from delaylab.llm.pipeline.engine import optimizer_factory
@@ -64,7 +66,7 @@ class StageRun:
             loss_fn=lambda out, y: lm_loss(out, y) / M, scale_grads=False)
         self.opt = optimizer_factory(cfg)(self.module, DELAYS[schedule](s, P))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: lr_factor(k, cfg))
-        self.updates = 0
+        self.updates, self.microbatches = 0, microbatches
         self.losses: list[float] = []  # mean loss per batch (last stage)
 
     def batch(self, b: int) -> None:
@@ -72,9 +74,14 @@ class StageRun:
         xs, ys = zip(*(self.data.batch(n, d.batch_size, self.block, self.cfg.run.seed)
                        for n in range(b * M, (b + 1) * M)))
         losses: list[torch.Tensor] = []
-        args = (torch.cat(xs),) if self.stage_index == 0 else ()
-        last = self.stage_index == self.P - 1
-        self.pipeline.step(*args, target=torch.cat(ys) if last else None, losses=losses if last else None)
+        first, last = self.stage_index == 0, self.stage_index == self.P - 1
+        if self.microbatches:
+            self.pipeline.step(arg_mbs=[(x,) for x in xs] if first else None, kwarg_mbs=[{}] * M,
+                               target_mbs=list(ys) if last else None, losses=losses if last else None,
+                               return_outputs=False)
+        else:
+            self.pipeline.step(*((torch.cat(xs),) if first else ()), target=torch.cat(ys) if last else None,
+                               losses=losses if last else None)
         if last:
             self.losses.append(float(sum(losses)))  # sum of loss / M over the microbatches
         if getattr(self.pipeline, "released", True):  # the synchronous schedule: always
@@ -92,37 +99,47 @@ class StageRun:
         self.updates += 1
 
 
-def _rank(jobs: list[tuple[dict, str, str]], timeout: float) -> list[dict]:
+def _rank(jobs: list[tuple[dict, str, str, bool]], timeout: float) -> list[dict]:
     """The body of one rank: every job's stage trained to ``steps`` updates, its weights saved."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     out = []
-    for cfg_dict, schedule, folder in jobs:
-        run = StageRun(Config.from_dict(cfg_dict), schedule)
+    from delaylab.llm.pipeline.engine import _machine_busy_seconds
+
+    for cfg_dict, schedule, folder, microbatches in jobs:
+        run = StageRun(Config.from_dict(cfg_dict), schedule, microbatches=microbatches)
         dist.barrier()
-        t0 = time.perf_counter()
+        busy0, cpu0, t0 = _machine_busy_seconds(), time.process_time(), time.perf_counter()
+        ends = []  # seconds from the start to the end of each batch's step() (and update)
         for b in range(run.cfg.run.steps):
             run.batch(b)
+            ends.append(time.perf_counter() - t0)
         run.finish()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        dist.barrier()
+        busy1 = _machine_busy_seconds()
+        cpus = [None] * dist.get_world_size()
+        dist.all_gather_object(cpus, cpu)
         torch.save(run.module.state_dict(), Path(folder) / f"stage_{run.stage_index}.pt")
-        out.append({"updates": run.updates, "losses": run.losses, "wall_s": wall})
+        out.append({"updates": run.updates, "losses": run.losses, "wall_s": wall, "batch_ends": ends,
+                    "cpu_s": cpus, "machine_busy_s": None if busy0 is None else busy1 - busy0})
     dist.destroy_process_group()
     return out
 
 
-def run_torch_schedule(jobs: list[tuple[Config, str, str | os.PathLike]], timeout: float = 120) -> list[dict]:
-    """Run ``(config, schedule, folder)`` jobs (one stage count for all) in one set of gloo ranks
-    started by torch's elastic launcher; each folder gets ``model.pt`` (the merged GPT state dict).
-    Returns the last stage's ``{"updates", "losses", "wall_s"}`` per job."""
+def run_torch_schedule(jobs: list[tuple], timeout: float = 120) -> list[dict]:
+    """Run ``(config, schedule, folder[, microbatches])`` jobs (one stage count for all) in one set
+    of gloo ranks started by torch's elastic launcher; each folder gets ``model.pt`` (the merged GPT
+    state dict). Returns the last stage's ``{"updates", "losses", "wall_s", "batch_ends", "cpu_s"
+    (every rank's), "machine_busy_s"}`` per job."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    jobs = [(cfg.resolved("pipeline"), name, Path(folder)) for cfg, name, folder in jobs]
-    stages = {cfg.parallel.stages for cfg, _, _ in jobs}
+    jobs = [(cfg.resolved("pipeline"), name, Path(folder), bool(rest and rest[0])) for cfg, name, folder, *rest in jobs]
+    stages = {cfg.parallel.stages for cfg, *_ in jobs}
     if len(stages) != 1:
         raise ValueError(f"one stage count for all jobs, got {sorted(stages)}")
     P = stages.pop()
-    for cfg, _, folder in jobs:
+    for cfg, _, folder, _ in jobs:
         d = cfg.data
         load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)  # tokenize once, here
         folder.mkdir(parents=True, exist_ok=True)
@@ -130,8 +147,8 @@ def run_torch_schedule(jobs: list[tuple[Config, str, str | os.PathLike]], timeou
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=P, run_id=uuid.uuid4().hex[:12],
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=0.2, start_method="spawn")
-    results = elastic_launch(launch, _rank)([(c.to_dict(), n, str(f)) for c, n, f in jobs], timeout)
-    for _, _, folder in jobs:
+    results = elastic_launch(launch, _rank)([(c.to_dict(), n, str(f), m) for c, n, f, m in jobs], timeout)
+    for _, _, folder, _ in jobs:
         merged = {}
         for s in range(P):
             merged.update(torch.load(folder / f"stage_{s}.pt", map_location="cpu", weights_only=True))

@@ -29,12 +29,13 @@ def config(P: int, schedule: str, M: int, optimizer: str, correction: str) -> Co
     )).resolved("pipeline")
 
 
-# name -> (torch schedule, config); M = P - 1 at P = 4 is the tightest 2BW allows.
+# name -> (torch schedule, config, step() with microbatch lists as torchtitan's trainer calls it);
+# M = P - 1 at P = 4 is the tightest 2BW allows.
 CASES = {
-    2: {"2bw-adamw-M3": ("2BW", config(2, "2bw", 3, "adamw", "none")),
-        "2bw-sgd-ef-M2": ("2BW", config(2, "2bw", 2, "sgd", "ef"))},
-    4: {"2bw-adamw-ef-M3": ("2BW", config(4, "2bw", 3, "adamw", "ef")),
-        "pipedream-sgd-M1": ("PipeDream", config(4, "pipedream", 1, "sgd", "none"))},
+    2: {"2bw-adamw-M3": ("2BW", config(2, "2bw", 3, "adamw", "none"), False),
+        "2bw-sgd-ef-M2-lists": ("2BW", config(2, "2bw", 2, "sgd", "ef"), True)},
+    4: {"2bw-adamw-ef-M3": ("2BW", config(4, "2bw", 3, "adamw", "ef"), False),
+        "pipedream-sgd-M1-lists": ("PipeDream", config(4, "pipedream", 1, "sgd", "none"), True)},
 }
 
 
@@ -51,9 +52,9 @@ def max_abs_diff(a: dict, b: dict) -> float:
 def runs(request, tmp_path_factory):
     P, root = request.param, tmp_path_factory.mktemp(f"torch-2bw-{request.param}")
     cases = CASES[P]
-    ours = run_torch_schedule([(cfg, sched, root / f"ours-{name}") for name, (sched, cfg) in cases.items()])
-    run_jobs([(cfg, root / f"engine-{name}") for name, (_, cfg) in cases.items()])
-    for name, (_, cfg) in cases.items():
+    ours = run_torch_schedule([(cfg, sched, root / f"ours-{name}", lists) for name, (sched, cfg, lists) in cases.items()])
+    run_jobs([(cfg, root / f"engine-{name}") for name, (_, cfg, _) in cases.items()])
+    for name, (_, cfg, _) in cases.items():
         train(cfg, root / f"sim-{name}")
     return P, root, dict(zip(cases, ours))
 
@@ -77,7 +78,7 @@ def test_torch_schedules_equal_simulator_and_engine_in_float64(runs):
 def test_the_tolerance_resolves_the_delay(runs):
     """The synchronous run of a case is far from the delayed one: the comparison can tell them apart."""
     P, root, _ = runs
-    name, (_, cfg) = next(iter(CASES[P].items()))
+    name, (_, cfg, _) = next(iter(CASES[P].items()))
     sync = cfg.replace(schedule=None, delay=0, correction="none").resolved()
     train(sync, root / f"sync-{name}")
     sync_w = torch.load(root / f"sync-{name}" / "ckpt.pt", map_location="cpu", weights_only=True)["model"]

@@ -79,6 +79,19 @@ def train(opt, lrs, m, calls, start=0):
         opt.zero_grad()
 
 
+def lockstep(opt, lrs, m, ref, r):
+    """The container and the reference ``Delayed`` on the same batches, call by call (yields t)."""
+    lam = lrs.schedulers[0].lr_lambdas[0]  # torchtitan's warmup/stable/decay factor
+    set_lrs(ref, lam)
+    for t in range(CALLS):
+        train(opt, lrs, m, t + 1, start=t)
+        backward(r, t)
+        ref.step()
+        ref.zero_grad()
+        set_lrs(ref, lam)
+        yield t, lam
+
+
 def assert_same_weights(a: nn.Module, b: nn.Module):
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), name
@@ -87,18 +100,7 @@ def assert_same_weights(a: nn.Module, b: nn.Module):
 def test_steps_equal_plain_delayed_bit_for_bit_with_ef_and_the_lr_per_update():
     m, r = model(), model()
     opt, lrs = container(m, delay=1, correction="ef")
-    lam = lrs.schedulers[0].lr_lambdas[0]  # torchtitan's warmup/stable/decay factor
-    ref = reference(r, 1, correction="ef")
-    set_lrs(ref, lam)
-    for t in range(CALLS):
-        backward(m, t)
-        backward(r, t)
-        opt.step()
-        lrs.step()
-        opt.zero_grad()
-        ref.step()
-        ref.zero_grad()
-        set_lrs(ref, lam)
+    for t, lam in lockstep(opt, lrs, m, reference(r, 1, correction="ef"), r):
         d = opt.optimizers[0]
         # One advance per update: the fill call (t = 0) leaves the schedule where it was.
         assert d.num_updates == t and lrs.schedulers[0].last_epoch == t
@@ -127,15 +129,8 @@ def test_init_optim_state_leaves_the_queue_empty_and_the_run_unchanged():
     assert d.queue.queued == [0] and not any("queue" in st for st in d.state.values())
     assert "state.layers.0.weight.exp_avg" in flat  # the inner state, materialized for DCP
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
-    train(opt, lrs, m, CALLS)  # the placeholder state is dropped before the first update
-    ref = reference(r, 1, correction="ef")
-    lam = lrs.schedulers[0].lr_lambdas[0]
-    set_lrs(ref, lam)
-    for t in range(CALLS):
-        backward(r, t)
-        ref.step()
-        ref.zero_grad()
-        set_lrs(ref, lam)
+    for _ in lockstep(opt, lrs, m, reference(r, 1, correction="ef"), r):
+        pass  # the placeholder state is dropped before the first update
     assert_same_weights(m, r)
 
 
@@ -206,18 +201,8 @@ def test_stage_delays_split_one_model_into_torchtitans_stages():
     assert names == [["tok_embeddings.weight", "layers.0.weight", "layers.0.bias"],
                      ["layers.1.weight", "layers.1.bias", "norm.weight", "norm.bias", "lm_head.weight", "lm_head.bias"]]
     assert d.delays == [1, 0]
-    ref = reference(r, [1, 0], groups=names)
-    lam = lrs.schedulers[0].lr_lambdas[0]
-    set_lrs(ref, lam)
-    for t in range(CALLS):
-        backward(m, t)
-        backward(r, t)
-        opt.step()
-        lrs.step()
-        opt.zero_grad()
-        ref.step()
-        ref.zero_grad()
-        set_lrs(ref, lam)
+    for _, lam in lockstep(opt, lrs, m, reference(r, [1, 0], groups=names), r):
+        pass
     assert d.group_updates == [CALLS - 1, CALLS]
     assert [g["lr"] for g in d.param_groups] == [ADAMW["lr"] * lam(CALLS - 1), ADAMW["lr"] * lam(CALLS)]
     assert_same_weights(m, r)
@@ -240,6 +225,6 @@ def test_a_call_without_gradients_is_not_an_update():
     (dict(stage_delays=[1, 0, 0, 0, 0, 0]), "Number of stages"),
 ])
 def test_bad_configurations_fail_in_one_line(kw, message):
-    with pytest.raises(ValueError, match=message) as err:
+    with pytest.raises(ConfigError, match=message) as err:
         container(model(), **kw)
     assert "\n" not in str(err.value)

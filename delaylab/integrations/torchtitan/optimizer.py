@@ -243,7 +243,10 @@ def _virtual_stages(model: nn.Module, stages: int) -> list[list[str]]:
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
 
     layers = {m.group(1) for name, _ in model.named_parameters() if (m := re.match(r"layers\.(\d+)\.", name))}
-    return _generate_llm_fqn_per_model_part(stages, len(layers))
+    try:
+        return _generate_llm_fqn_per_model_part(stages, len(layers))
+    except ValueError as err:  # torchtitan's own check (e.g. more stages than layers)
+        raise ConfigError(f"stage_delays: {err}") from None
 
 
 # -- the delay state as flat DCP keys --------------------------------------------------------------
