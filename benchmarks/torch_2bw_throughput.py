@@ -85,7 +85,9 @@ def main(argv=None) -> int:
             "seconds_per_batch": {s: statistics.median(per_batch[(r, M, s)] for r in range(args.rounds))
                                   for s in SCHEDULES},
             "throughput_ratio_2bw_over_1f1b": statistics.median(ratios),
-            "ratio_per_round": ratios, "ratio_t95": t_interval(ratios),
+            "ratio_per_round": ratios, "ratio_t95": (ci := t_interval(ratios)),
+            "verdict": ("undetermined" if ci is None or ci[0] <= 1 <= ci[1]
+                        else "2BW faster" if ci[0] > 1 else "2BW slower"),
             "ideal": (M + P - 1) / M,
             "foreign_cpu_cores_max": None if None in loads else max(loads),
         }
@@ -95,14 +97,14 @@ def main(argv=None) -> int:
     print(f"Schedule2BW vs torch's Schedule1F1B, P = {P} gloo ranks on {out['cpu_cores']} cores, "
           f"{args.rounds} rounds, batches {args.skip}..{args.steps - 1} of {args.steps}")
     print(f"{'M':>3} {'1F1B s/batch':>13} {'2BW s/batch':>12} {'2BW/1F1B':>9} {'t95':>17} {'ideal':>6} "
-          f"{'foreign cores':>14}")
+          f"{'foreign cores':>14}  verdict")
     for M, row in out["by_M"].items():
         ci = row["ratio_t95"]
         ci_text = "-" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
         load = row["foreign_cpu_cores_max"]
         print(f"{M:>3} {row['seconds_per_batch']['1F1B']:>13.3f} {row['seconds_per_batch']['2BW']:>12.3f} "
               f"{row['throughput_ratio_2bw_over_1f1b']:>9.2f} {ci_text:>17} {row['ideal']:>6.3f} "
-              f"{'-' if load is None else f'{load:.2f}':>14}")
+              f"{'-' if load is None else f'{load:.2f}':>14}  {row['verdict']}")
     print("A shared 2-core machine cannot resolve a 10% bubble: read the ratio as a smoke number; "
           "the throughput claim needs one GPU per stage.")
     return 0

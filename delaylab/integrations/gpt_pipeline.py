@@ -83,7 +83,7 @@ class StageRun:
             self.pipeline.step(*((torch.cat(xs),) if first else ()), target=torch.cat(ys) if last else None,
                                losses=losses if last else None)
         if last:
-            self.losses.append(float(sum(losses)))  # sum of loss / M over the microbatches
+            self.losses.append(float(sum(loss.detach() for loss in losses)))  # sum of loss / M over the microbatches
         if getattr(self.pipeline, "released", True):  # the synchronous schedule: always
             self._update()
 

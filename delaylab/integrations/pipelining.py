@@ -93,8 +93,8 @@ class _AsyncSchedule(PipelineScheduleSingle):
                          scale_grads)
         if loss_fn is None:
             raise ValueError(f"{type(self).__name__} trains: it needs a loss_fn")
-        for name in ("FSDPModule", "DistributedDataParallel"):
-            if type(stage.submod).__name__ == name or any(c.__name__ == name for c in type(stage.submod).__mro__):
+        for name in ("FSDPModule", "DistributedDataParallel"):  # their hooks run the live weights
+            if any(c.__name__ == name for c in type(stage.submod).__mro__):
                 raise ValueError(f"{type(self).__name__} needs a plain module per stage, not a {name}")
         M, w = n_microbatches, stage.num_stages - 1 - stage.stage_index
         # Batch b's last backward follows F(bM + M-1 + w), which call b + ceil(w/M) runs.
