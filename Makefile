@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[optimizers,data,test]"
+	$(PY) -m pip install -q -e ".[titan]"  # torchtitan (Python >= 3.11 only): tests/integrations
 	touch $@
 
 install: $(VENV)/.installed

@@ -66,8 +66,9 @@ class ModelConfig:
 class DataConfig:
     data: str | list[str] = _f("shakespeare", "shakespeare (built in) or .txt/.md/.jsonl/.parquet files or "
                                "folders", nargs="+")
-    tokenizer: str = _f("byte", "byte or bpe (trained locally on the training documents)", choices=("byte", "bpe"))
-    vocab_size: int = _f(4096, "BPE vocabulary size (the byte tokenizer has 256)")
+    tokenizer: str = _f("byte", "byte, bpe (trained locally on the training documents) or a tokenizer.json "
+                        "file (HF tokenizers format; its vocabulary sets the model's)")
+    vocab_size: int = _f(4096, "BPE vocabulary size (the byte tokenizer has 256; a tokenizer file has its own)")
     text_field: str = _f("text", "JSONL field / parquet column holding the text")
     val_fraction: float = _f(0.1, "share of the documents held out for validation")
     batch_size: int = _f(32, "sequences per microbatch")
@@ -332,6 +333,9 @@ def _check_ranges(cfg: Config) -> None:
         options = f.metadata.get("choices")
         if options and flat[name] is not None and flat[name] not in options:
             raise ConfigError(f"unknown {name} {flat[name]!r} (choose from {', '.join(options)})")
+    from delaylab.llm.data import tokenizer_file
+
+    tokenizer_file(cfg.data.tokenizer)  # byte, bpe or a file that exists (its content: when loaded)
     if cfg.optim.optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {cfg.optim.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
     lr = cfg.optim.lr

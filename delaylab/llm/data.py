@@ -18,8 +18,11 @@ over 65536) in a cache folder next to the data (``.delaylab-cache/`` beside the 
 ``$DELAYLAB_CACHE`` or ``~/.cache/delaylab`` for the built-in corpus) and read back as
 memmaps. The cache key covers the sources (path, size, mtime), tokenizer and split.
 
-Tokenizers: byte-level (vocab 256) by default, or a byte-level BPE trained locally with HF
-``tokenizers`` on the training documents (``tokenizer="bpe"``, ``vocab_size=...``).
+Tokenizers: byte-level (vocab 256) by default, a byte-level BPE trained locally with HF
+``tokenizers`` on the training documents (``tokenizer="bpe"``, ``vocab_size=...``), or your own
+``tokenizer.json`` in HF ``tokenizers`` format (``tokenizer="path/to/tokenizer.json"``: its
+vocabulary, e.g. SmolLM's 49152, sets the model's; the cache key covers the file's content).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -158,7 +161,8 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """A byte-level BPE (the GPT-2 scheme) trained locally with HF ``tokenizers``."""
+    """An HF ``tokenizers`` tokenizer: a byte-level BPE (the GPT-2 scheme) trained locally, or a
+    user's ``tokenizer.json`` (:func:`load_tokenizer_file`)."""
 
     name = "bpe"
 
@@ -198,6 +202,38 @@ class BPETokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids])
+
+
+def tokenizer_file(tokenizer: str) -> Path | None:
+    """The ``tokenizer.json`` that a ``tokenizer`` setting names, or None for ``byte``/``bpe``.
+
+    A setting that looks like a path (a ``.json`` name, a folder separator, an existing file)
+    must be a file; anything else must be one of the built-in names. One-line errors.
+    """
+    if tokenizer in TOKENIZERS:
+        return None
+    path = Path(tokenizer).expanduser()
+    if path.suffix == ".json" or os.sep in tokenizer or path.exists():
+        if not path.is_file():
+            raise MissingFile(f"tokenizer file not found: {tokenizer}")
+        return path
+    raise ConfigError(f"unknown tokenizer {tokenizer!r} (choose from {', '.join(TOKENIZERS)}, "
+                      "or give a tokenizer.json file)")
+
+
+def load_tokenizer_file(path: Path) -> BPETokenizer:
+    """A user's ``tokenizer.json`` (HF ``tokenizers`` format); a damaged file is a one-line error."""
+    if importlib.util.find_spec("tokenizers") is None:
+        raise MissingExtra("a tokenizer file needs HF tokenizers: pip install 'delaylab[data]'")
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # the library's parse errors (json, unknown model) have no common type
+        raise ConfigError(f"{path}: not a tokenizers JSON file ({str(err).splitlines()[0][:120]})") from None
+    if tok.get_vocab_size() < 1:
+        raise ConfigError(f"{path}: the tokenizer has an empty vocabulary")
+    return BPETokenizer(tok)
 
 
 def token_dtype(vocab_size: int):
@@ -269,11 +305,14 @@ def _cache_key(files: list[Path], spec: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _build(files, builtin, spec, folder: Path) -> None:
+def _build(files, builtin, spec, folder: Path, user_tokenizer: tuple[Path, BPETokenizer] | None = None) -> None:
     """Tokenize every document once into ``folder`` (train.bin, val.bin, meta.json, tokenizer)."""
     frac = Fraction(spec["val_fraction"]).limit_denominator(10**6)
     text_field = spec["text_field"]
-    if spec["tokenizer"] == "bpe":
+    if user_tokenizer is not None:
+        source, tokenizer = user_tokenizer
+        shutil.copyfile(source, folder / "tokenizer.json")
+    elif spec["tokenizer"] == "bpe":
         train_docs = (d for i, d in enumerate(iter_documents(files, text_field, builtin)) if not _is_val(i, frac))
         tokenizer = BPETokenizer.train(train_docs, spec["vocab_size"])
         tokenizer.save(folder / "tokenizer.json")
@@ -334,11 +373,12 @@ def load_dataset(
 ) -> TokenDataset:
     """Tokenize ``data`` once (cached) and return its train/val token streams as memmaps.
 
-    ``vocab_size`` is used only by ``tokenizer="bpe"``. ``cache_dir`` overrides where the
-    cache lives (default: next to the data, or ``$DELAYLAB_CACHE`` for the built-in corpus).
+    ``tokenizer``: ``byte``, ``bpe`` or a ``tokenizer.json`` path. ``vocab_size`` is used only
+    by ``tokenizer="bpe"``. ``cache_dir`` overrides where the cache lives (default: next to the
+    data, or ``$DELAYLAB_CACHE`` for the built-in corpus).
     """
-    if tokenizer not in TOKENIZERS:
-        raise ConfigError(f"unknown tokenizer {tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
+    path = tokenizer_file(tokenizer)
+    user = (path, load_tokenizer_file(path)) if path is not None else None
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
     builtin = [str(d) for d in ([data] if isinstance(data, (str, os.PathLike)) else data)] == [SHAKESPEARE]
@@ -346,10 +386,13 @@ def load_dataset(
     for f in files:
         check_source(f, text_field)
     spec = {
-        "data": SHAKESPEARE if builtin else "files", "tokenizer": tokenizer,
+        "data": SHAKESPEARE if builtin else "files", "tokenizer": tokenizer if user is None else "file",
         "vocab_size": int(vocab_size) if tokenizer == "bpe" else 256,
         "val_fraction": float(val_fraction), "text_field": text_field,
     }
+    if user is not None:  # the file's content, not its name, decides the cached tokens
+        spec["vocab_size"] = user[1].vocab_size
+        spec["tokenizer_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     if cache_dir is not None:
         root = Path(cache_dir)
     elif builtin:
@@ -364,10 +407,10 @@ def load_dataset(
             tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=root))
         except OSError:  # read-only place: build in a temporary folder, keep nothing
             tmp = Path(tempfile.mkdtemp(prefix="delaylab-data-"))
-            _build(files, builtin, spec, tmp)
+            _build(files, builtin, spec, tmp, user)
             return _open(tmp, in_memory=True)
         try:
-            _build(files, builtin, spec, tmp)
+            _build(files, builtin, spec, tmp, user)
             try:
                 os.replace(tmp, folder)  # atomic: a concurrent builder's folder wins, ours goes
             except OSError:
@@ -381,7 +424,7 @@ def load_dataset(
 def _open(folder: Path, in_memory: bool = False) -> TokenDataset:
     meta = json.loads((folder / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
-    tok = BPETokenizer.load(folder / "tokenizer.json") if meta["tokenizer"] == "bpe" else ByteTokenizer()
+    tok = BPETokenizer.load(folder / "tokenizer.json") if meta["tokenizer"] in ("bpe", "file") else ByteTokenizer()
 
     def read(name: str) -> np.ndarray:
         path = folder / name
