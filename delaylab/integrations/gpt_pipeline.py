@@ -46,7 +46,7 @@ class StageRun:
     def __init__(self, cfg: Config, schedule: str, group=None, microbatches: bool = False):
         from torch.distributed.pipelining import PipelineStage
 
-        from delaylab.llm.pipeline.engine import optimizer_factory
+        from delaylab.llm.run.setup import optimizer_factory
         from delaylab.llm.pipeline.stages import Stage
 
         self.cfg = cfg = cfg.resolved("pipeline")
@@ -104,7 +104,7 @@ def _rank(jobs: list[tuple[dict, str, str, bool]], timeout: float) -> list[dict]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     out = []
-    from delaylab.llm.pipeline.engine import _machine_busy_seconds
+    from delaylab.llm.run.rank import _machine_busy_seconds
 
     for cfg_dict, schedule, folder, microbatches in jobs:
         run = StageRun(Config.from_dict(cfg_dict), schedule, microbatches=microbatches)

@@ -109,6 +109,18 @@ def test_steps_equal_plain_delayed_bit_for_bit_with_ef_and_the_lr_per_update():
     assert opt.optimizers[0].state_dict()["delayed"]["updates"] == [CALLS - 1]
 
 
+@pytest.mark.parametrize("spec", [dict(correction="ef,damp"), dict(corrections=["dc-asgd", "ef"])])
+def test_a_list_of_correctors_steps_as_plain_delayed_bit_for_bit(spec):
+    """Any valid corrector list, given as a comma string or a list, as ``Delayed(corrections=...)``."""
+    m, r = model(), model()
+    opt, lrs = container(m, delay=1, **spec)
+    names = spec.get("correction") or ",".join(spec["corrections"])
+    for _ in lockstep(opt, lrs, m, reference(r, 1, corrections=names), r):
+        pass
+    assert_same_weights(m, r)
+    assert opt.optimizers[0].correction == Delayed(torch.optim.SGD([nn.Parameter(torch.zeros(1))]), 1, names).correction
+
+
 def test_a_plain_scheduler_would_run_one_update_ahead():
     """What DelayedLRSchedulersContainer prevents: torchtitan's own container steps per call."""
     from torchtitan.components.optimizer import LRSchedulersContainer
@@ -163,9 +175,10 @@ def checkpointer(folder, m, opt, lrs, counter):
                      states={"train_state": counter}, sd_adapter=None, base_folder=str(folder))
 
 
+@pytest.mark.parametrize("correction", ["ef", "ef,dc-asgd,damp"])
 @pytest.mark.parametrize("stop", [1, 5], ids=["inside-the-fill", "after-it"])
-def test_dcp_checkpoint_through_torchtitans_checkpointer_resumes_exactly(tmp_path, stop):
-    kw = dict(delay=2, correction="ef")
+def test_dcp_checkpoint_through_torchtitans_checkpointer_resumes_exactly(tmp_path, stop, correction):
+    kw = dict(delay=2, correction=correction)
     whole = model()
     opt, lrs = container(whole, **kw)
     train(opt, lrs, whole, CALLS)
@@ -218,7 +231,8 @@ def test_a_call_without_gradients_is_not_an_update():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(correction="nope"), "unknown correction"),
-    (dict(corrections=["ef", "dc-asgd"]), "one correction"),
+    (dict(corrections=["dc-asgd", "dc-asgd-a"]), "cannot be combined"),
+    (dict(correction="ef", corrections=["damp"]), "not both"),
     (dict(correction="predict"), "Trainer subclass"),
     (dict(delay=-1), "integers >= 0"),
     (dict(ef_dtype="float16"), "float32 or bfloat16"),

@@ -1,7 +1,7 @@
 """The gradient delay inside torchtitan 0.3.0 (the ``titan`` extra). See docs/torchtitan.md.
 
 - :class:`DelayedOptimizersContainer`: torchtitan's ``OptimizersContainer`` whose optimizers are
-  ``delaylab.optim.Delayed`` wrappers (a delay, or one delay per pipeline stage, a correction,
+  ``delaylab.optim.Delayed`` wrappers (a delay, or one delay per pipeline stage, any list of correctors,
   the EF buffer's dtype), with their delay queues and corrector buffers in the DCP checkpoint.
 - :class:`DelayedLRSchedulersContainer`: the LR schedule indexed by updates, not by calls.
 - :func:`pipelining_fn`: torchtitan's ``pipeline_llm``, plus ``Schedule2BW`` / ``SchedulePipeDream``

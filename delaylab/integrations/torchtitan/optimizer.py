@@ -42,7 +42,7 @@ from torchtitan.components.optimizer.utils import (
 
 from delaylab.errors import ConfigError
 from delaylab.optim import Delayed
-from delaylab.optim.delayed import CORRECTIONS, EF_DTYPES, HELD
+from delaylab.optim import corrections as registry
 
 __all__ = ["DelayedOptimizersContainer", "DelayedLRSchedulersContainer", "STAGE_ATTR"]
 
@@ -63,10 +63,11 @@ class DelayedOptimizersContainer(OptimizersContainer):
         """One delay per pipeline stage (PipeDream: P-1-s); overrides delay when given."""
 
         correction: str = "none"
-        """none, ef (error feedback), dc-asgd, dc-asgd-a or damp (delaylab.optim.Delayed)."""
+        """none, or a comma list of ef (error feedback), dc-asgd, dc-asgd-a, damp (delaylab.optim.Delayed;
+        any valid combination, e.g. ef,damp)."""
 
         corrections: list[str] = field(default_factory=list)
-        """The correctors as a list; today exactly one (the protocol of several is issue 23)."""
+        """The same as a list (give one of the two)."""
 
         ef_lag: int | None = None
         """EF's lag (default: the delay); 1 with delay 0 under Schedule2BW."""
@@ -75,7 +76,7 @@ class DelayedOptimizersContainer(OptimizersContainer):
         """dtype of EF's buffer: float32 (the parameters' own) or bfloat16 (half the bytes)."""
 
     def __init__(self, config: Config, *, model_parts: list[nn.Module]) -> None:
-        self._correction = _check(config)
+        self._corrections = _check(config)
         self._stage_delays = list(config.stage_delays)
         self._virtual = None  # module-name prefixes per virtual stage (one untagged model part)
         tagged = [getattr(m, STAGE_ATTR, None) for m in model_parts]
@@ -94,7 +95,7 @@ class DelayedOptimizersContainer(OptimizersContainer):
         self.optimizers = [
             Delayed(opt, delay=[self._group_delay(g, tagged[part_of[id(g["params"][0])]], config.delay)
                                 for g in opt.param_groups],
-                    correction=self._correction, ef_dtype=config.ef_dtype, ef_lag=config.ef_lag)
+                    corrections=self._corrections, ef_dtype=config.ef_dtype, ef_lag=config.ef_lag)
             for opt in self.optimizers
         ]
         self.updated = False  # whether the last step() made an update (for the LR schedule)
@@ -217,25 +218,27 @@ def _set_lrs(sched) -> None:
 
 
 # -- configuration -------------------------------------------------------------------------------
-def _check(config) -> str:
-    """The one correction today's ``Delayed`` takes; a one-line error for anything else."""
+# Correctors that move the weights the forward runs at: they need the forward inside
+# ``Delayed.predicted_weights()``, i.e. a torchtitan Trainer subclass, which this module is not.
+SHIFTS_THE_FORWARD = ("predict", "lookahead")
+
+
+def _check(config) -> tuple[str, ...]:
+    """The corrector names (the registry's order); a one-line error for an invalid list."""
     if config.corrections and config.correction != "none":
         raise ConfigError("give correction or corrections, not both")
-    names = list(config.corrections) or [config.correction]
-    if len(names) > 1:
-        raise ConfigError(f"corrections {names}: delaylab.optim.Delayed applies one correction "
-                          "(a list of several needs the corrector protocol)")
-    for name in names:
-        if name not in CORRECTIONS or name in ("predict", "lookahead"):
-            raise ConfigError(f"unknown correction {name!r} here; expected one of "
-                              f"{', '.join(c for c in CORRECTIONS if c not in ('predict', 'lookahead'))} "
-                              "(predict/lookahead move the forward's weights: a Trainer subclass)")
-    if config.ef_dtype not in EF_DTYPES or config.ef_dtype is None:
+    names = registry.parse(list(config.corrections) or config.correction)
+    shifting = [n for n in names if n in SHIFTS_THE_FORWARD]
+    if shifting:
+        raise ConfigError(f"correction {shifting[0]!r} is not available here: it moves the forward's weights "
+                          f"(a Trainer subclass); choose from "
+                          f"{', '.join(n for n in registry.NAMES if n not in SHIFTS_THE_FORWARD)}")
+    if config.ef_dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"ef_dtype must be float32 or bfloat16, got {config.ef_dtype!r}")
     for tau in [config.delay, *config.stage_delays] + ([] if config.ef_lag is None else [config.ef_lag]):
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 0:
             raise ConfigError(f"delays and ef_lag must be integers >= 0, got {tau!r}")
-    return names[0]
+    return names
 
 
 def _virtual_stages(model: nn.Module, stages: int) -> list[list[str]]:
@@ -252,8 +255,10 @@ def _virtual_stages(model: nn.Module, stages: int) -> list[list[str]]:
 # -- the delay state as flat DCP keys --------------------------------------------------------------
 def _layout(d: Delayed, gi: int, p: torch.Tensor):
     """``(buffer, slots, dtype)`` of what ``d`` may hold for parameter ``p`` of group ``gi``."""
-    tau, ef = d.delays[gi], EF_DTYPES[d.ef_dtype] or p.dtype
-    for key in ("queue", *HELD[d.correction]):
+    ef = d.corrector("ef")
+    tau = d.delays[gi]
+    ef = torch.bfloat16 if ef is not None and ef.dtype == "bfloat16" else p.dtype
+    for key in ("queue", *(k for c in d.correctors for k in c.keys)):
         yield key, (tau if key in PER_QUEUED else 1), (ef if key == "ef_buffer" else p.dtype)
 
 
