@@ -1,7 +1,7 @@
 """This project's GPT on torch's ``PipelineStage``, under any ``torch.distributed.pipelining``
 schedule: ``Schedule1F1B`` (synchronous) or ``Schedule2BW`` / ``SchedulePipeDream`` (this package).
 
-The same configuration as ``delaylab.llm.train`` (the simulator) and the project's own pipeline
+The same configuration as ``delaylab.llm.run.trainer`` (the simulator) and the project's own pipeline
 engine: the stage module (:class:`delaylab.llm.pipeline.stages.Stage`, built from the seeded full
 model), the data (microbatch ``n`` is ``dataset.batch(n, ...)``), the optimizer (EF as the engine
 applies it on a stage: ``Delayed(delay=0, correction="ef", ef_lag=tau)``), the LR of update ``k``

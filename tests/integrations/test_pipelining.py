@@ -2,7 +2,7 @@
 
 Three independent computations of one configuration, in float64, on gloo ranks: this package's
 schedules driving torch's ``PipelineStage`` (``run_torch_schedule``), the single-process
-simulator (``delaylab.llm.train.train``: ``Delayed(delay=1)`` over ``M`` accumulated
+simulator (``delaylab.llm.run.trainer.train``: ``Delayed(delay=1)`` over ``M`` accumulated
 microbatches, or the per-stage delays of PipeDream) and the project's own pipeline engine
 (``run_jobs``). Ten updates each.
 """
@@ -14,8 +14,9 @@ import torch.distributed as dist
 from delaylab.integrations.gpt_pipeline import run_torch_schedule
 from delaylab.integrations.pipelining import Schedule2BW, SchedulePipeDream
 from delaylab.llm.config import Config
-from delaylab.llm.pipeline.launch import run_jobs
-from delaylab.llm.train import train
+from delaylab.llm import checkpoint
+from delaylab.llm.run.rank import run_jobs
+from delaylab.llm.run.trainer import train
 
 TOL = 1e-10
 STEPS = 10
@@ -65,7 +66,7 @@ def test_torch_schedules_equal_simulator_and_engine_in_float64(runs):
     P, root, info = runs
     for name in CASES[P]:
         ours = weights(root / f"ours-{name}" / "model.pt")
-        sim = torch.load(root / f"sim-{name}" / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
+        sim = checkpoint.read(root / f"sim-{name}")["model"]
         engine = weights(root / f"engine-{name}" / "model.pt")
         assert all(v.dtype == torch.float64 for v in ours.values())
         d_sim, d_engine = max_abs_diff(ours, sim), max_abs_diff(ours, engine)
@@ -81,7 +82,7 @@ def test_the_tolerance_resolves_the_delay(runs):
     name, (_, cfg, _) = next(iter(CASES[P].items()))
     sync = cfg.replace(schedule=None, delay=0, correction="none").resolved()
     train(sync, root / f"sync-{name}")
-    sync_w = torch.load(root / f"sync-{name}" / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
+    sync_w = checkpoint.read(root / f"sync-{name}")["model"]
     assert max_abs_diff(weights(root / f"ours-{name}" / "model.pt"), sync_w) > 1e-4
 
 

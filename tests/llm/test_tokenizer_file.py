@@ -12,7 +12,8 @@ from delaylab.cli import main  # noqa: E402
 from delaylab.errors import ConfigError, MissingFile  # noqa: E402
 from delaylab.llm.config import Config  # noqa: E402
 from delaylab.llm.data import load_dataset  # noqa: E402
-from delaylab.llm.train import train  # noqa: E402
+from delaylab.llm import checkpoint  # noqa: E402
+from delaylab.llm.run.trainer import train  # noqa: E402
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -72,7 +73,7 @@ def test_the_model_takes_the_tokenizers_vocabulary(tmp_path, corpus):
     assert summary["steps"] == 2
     import torch
 
-    model = torch.load(tmp_path / "run" / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
+    model = checkpoint.read(tmp_path / "run")["model"]
     assert model["head.lm_head.weight"].shape[0] == 310
 
 
