@@ -71,7 +71,6 @@ def test_the_model_takes_the_tokenizers_vocabulary(tmp_path, corpus):
                                 threads=1, progress=False))
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 2
-    import torch
 
     model = checkpoint.read(tmp_path / "run")["model"]
     assert model["head.lm_head.weight"].shape[0] == 310

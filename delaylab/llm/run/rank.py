@@ -135,11 +135,11 @@ class _Usage:
     """CPU seconds of this rank and of the whole machine since the loop started."""
 
     def __init__(self):
-        self.cpu0, self.busy0 = time.process_time(), _machine_busy_seconds()
+        self.cpu0, self.busy0 = time.process_time(), machine_busy_seconds()
 
     def info(self, setup: Setup, ex: StageExecutor, stage: Stage, wall: float) -> dict:
         """What the writer gathers from every rank for the summary."""
-        busy, device, mesh = _machine_busy_seconds(), setup.device, setup.mesh
+        busy, device, mesh = machine_busy_seconds(), setup.device, setup.mesh
         return {
             "rank": mesh.rank, "stage": mesh.s, "replica": mesh.d, "digest": state_digest(ex.state_dict()),
             "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
@@ -192,7 +192,7 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     return _launch([(cfg, out, resume, stop_at)])[0]
 
 
-def _machine_busy_seconds() -> float | None:
+def machine_busy_seconds() -> float | None:
     """CPU seconds all processes on this machine have used (Linux ``/proc/stat``), else ``None``."""
     try:
         with open("/proc/stat") as f:
