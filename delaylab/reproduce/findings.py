@@ -325,7 +325,10 @@ def _recovered(rows: list[dict], fix: str) -> dict:
 def _tuned_recovery(rows: list[dict], opt: str, mom) -> dict:
     """EF's recovery with every mode at its own best lr: 100 (1 - mean EF gap / mean delayed gap),
     gaps paired by seed against sync at its best lr; the interval from the ratio's bootstrap."""
-    sel = list({(r["mode"], r["lr"], r["seed"]): r for r in rows if r["mode"] in ("sync", "delayed", "ef")}.values())
+    # one row per run: a run read twice (main grid and EF lrs) counts once; other optimizers' rows
+    # at the same lr are different runs (the key names the optimizer and momentum)
+    sel = list({(r["optimizer"], r["momentum"], r["mode"], r["lr"], r["seed"]): r for r in rows
+                if r["mode"] in ("sync", "delayed", "ef")}.values())
     delayed, ef = tuned_gap(sel, opt, mom), tuned_gap(sel, opt, mom, mode="ef")
     ratio = metrics.mean_ratio(dict(enumerate(ef["gap"]["values"])), dict(enumerate(delayed["gap"]["values"])))
     ci = ratio["ci_boot"]
