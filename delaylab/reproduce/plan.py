@@ -139,8 +139,9 @@ def overhead_runs(out: Path, base: dict, sync: LLMRun, other: LLMRun, lengths) -
         if sync_metrics is None or read_summary(out, run) is None:
             return {"runs": runs, "done": False, "overhead": None, "length": None}
         mine = read_metrics(Path(out) / run.folder)
-        if not val_points(mine) or not val_points(sync_metrics):
-            continue  # diverged before its first validation: try longer? no: a diverged run is a result
+        if not val_points(mine) or not val_points(sync_metrics) or not math.isfinite(_loss(out, run)):
+            # a diverged run is a result, not a reason to run longer: no overhead
+            return {"runs": runs, "done": True, "overhead": None, "length": None, "diverged": True}
         o = iso_loss_overhead(sync_metrics, mine)
         if o["reached"]:
             return {"runs": runs, "done": True, "overhead": o, "length": factor}

@@ -26,16 +26,29 @@ def test_check_protocol_refuses_a_grid_that_breaks_a_rule():
         check_protocol(replace(p, llm=replace(p.llm, momenta={"muon": (0.98,)})))
 
 
-def test_scale_steps_give_the_stated_tokens_per_parameter():
+def test_axis_steps_give_the_stated_tokens_per_parameter():
     from delaylab.llm.model import GPT, preset
 
-    s = PRESETS["cpu-small"].scale
-    params = {}
-    for size in s.sizes:
-        params[size] = sum(p.numel() for p in GPT(preset(size, vocab_size=256, block_size=s.block_size)).parameters())
-        tokens = s.steps[size] * s.batch_size * s.block_size
-        assert abs(tokens / params[size] - s.tokens_per_param) < 0.01 * s.tokens_per_param
-    assert max(params.values()) / min(params.values()) >= 6 and max(params.values()) >= 2e6
+    p = PRESETS["cpu-tokens"]
+    s = p.scale
+    assert s.points() == [("tiny", 0.5), ("tiny", 2.0), ("tiny", 5.0), ("tiny", 20.0), ("small", 0.5), ("small", 2.0)]
+    for size, ratio in s.points():
+        params = sum(x.numel() for x in GPT(preset(size, vocab_size=256, block_size=s.block_size)).parameters())
+        base = plan.axis_base(p, size, ratio)
+        tokens = base["steps"] * s.batch_size[size] * s.block_size
+        assert abs(tokens / params - ratio) < 0.005 * ratio
+        for opt in s.optimizers:  # every point keeps the protocol (Muon 0.95: 200 updates after warmup)
+            assert base["steps"] - base["steps"] // 20 >= 10 / (1 - s.momentum[opt])
+
+
+def test_protocol_issues_name_the_rule_broken():
+    from delaylab.reproduce.verdicts import protocol_issues
+
+    assert protocol_issues("muon", 0.95, 220, None) == []  # 209 after warmup >= 200
+    assert "200 updates" in protocol_issues("muon", 0.95, 200, None)[0]  # cpu-quick before issue 24: 190
+    assert "1000 updates" in protocol_issues("lion", None, 300, None)[0]  # Lion's buffer beta2 0.99
+    assert "beta2" in protocol_issues("adamw", 0.98, 10000, None)[0]
+    assert protocol_issues("adamw", 0.9, 300, 75) == []  # 225 >= 100
 
 
 def test_neighbours_are_three_grid_lrs_around_the_best():
