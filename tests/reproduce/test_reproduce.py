@@ -411,3 +411,39 @@ def test_theory_column_and_verdicts_follow_the_one_rule(made):
     assert _close(lr["predicted"], predict.adam_stable_range(0.9, 1) / predict.adam_stable_range(0.9, 0))
     sched = [n for n in col if n["id"] == 5]
     assert sched and all(_close(n["predicted"], 0.5) and n["note"] == "sketch" for n in sched)  # ci: depth 2
+
+
+def test_runs_jsonl_alone_recomputes_the_headline_numbers(made):
+    """runs.jsonl lists every GPT run with the fields the issue names; tests/reproduce/recompute.py
+    (plain Python, no delaylab) recomputes the report's gaps, recoveries and axis gaps from it."""
+    import recompute as R
+
+    out, rep = made
+    runs = R.load(out / "runs.jsonl")
+    fields = {"optimizer", "mode", "correction", "delay", "lr", "momentum", "seed", "preset", "params", "steps",
+              "tokens", "tokens_per_param", "val_loss", "val_curve"}
+    gpt = [r for r in runs if r["kind"] == "gpt"]
+    assert all(fields <= set(r) for r in gpt)
+    folders = {r["folder"] for r in gpt}
+    assert len(folders) == len(gpt) == len(list(out.glob("llm/*/cells/*/summary.json")))  # every GPT run, once
+    for r in gpt[:5]:
+        assert r["val_loss"] == _val(out, r["folder"]) and r["val_curve"][-1][1] == r["val_loss"]
+    parts = _parts(rep)
+    for row in parts["optimizers"]["rows"]:
+        m, ci = R.gap_at_best_sync_lr(runs, row["optimizer"], row["momentum"])
+        assert _close(m, row["gap"]["mean"]) and np.allclose(ci, row["gap"]["ci"], rtol=1e-9)
+    for row in parts["mitigations"]["rows"]:
+        value, ci = R.ef_recovery(runs, row["optimizer"], row["momentum"])
+        rec = row["ef_recovered"]
+        assert _close(value, rec["ratio_of_means"], 1e-9)
+        assert (ci is None and rec["ci"] is None) or np.allclose(ci, rec["ci"], rtol=1e-9)
+    for t in parts["mitigations"]["ef_tuned"]:
+        value, ci = R.ef_recovery(runs, t["optimizer"], 0.9 if t["optimizer"] == "adamw" else 0.95, tuned=True)
+        assert _close(value, t["recovered"], 1e-9)
+        assert (ci is None and t["ci"] is None) or np.allclose(ci, t["ci"], rtol=1e-9)
+    for e in parts["scale"]["rows"]:
+        for opt, st in e["optimizers"].items():
+            m, ci = R.axis_gap(runs, opt, e["size"], e["tokens_per_param"], 0.9 if opt == "adamw" else 0.95)
+            assert _close(m, st["gap"]["mean"]) and np.allclose(ci, st["gap"]["ci"], rtol=1e-9)
+    held, n = R.toy_holds(runs)
+    assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
