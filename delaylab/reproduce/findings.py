@@ -205,7 +205,7 @@ def overhead_of(p: Preset, out: Path, best: dict, opt: str, mode: str) -> dict |
     if opt not in p.llm.overhead:
         return None
     plans = P.overhead_plan(p, out, best)
-    per = [plans[(opt, mode, s)] for s in range(p.llm.seeds) if (opt, mode, s) in plans]
+    per = [plans[(opt, mode, s)] for s in range(P.seeds(p, opt)) if (opt, mode, s) in plans]
     if not per:
         return None
     res = metrics.overhead_over_seeds([x["overhead"] for x in per], max_length=max((1, *p.llm.overhead_lengths)))
@@ -220,10 +220,10 @@ def overhead_of(p: Preset, out: Path, best: dict, opt: str, mode: str) -> dict |
 def optimizers(p: Preset, out: Path) -> dict:
     best = P.best_sync(p, out)
     rows = P.records(out, P.grid(p, out) + P.headline(p, out, best), curves=True)
-    base_seeds = set(range(p.llm.seeds))
     cells = {(r["optimizer"], r["lr"], r["momentum"]): r for r in summarize(rows)["grid"]}
     table = []
     for opt in p.llm.optimizers:
+        base_seeds = set(range(P.seeds(p, opt)))
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
         row = _cell_row(rows, opt, lr, mom, ("sync", "delayed"))
         row["censored"] = best[opt]["censored"]
@@ -330,7 +330,6 @@ def mitigations(p: Preset, out: Path) -> dict:
     best = P.best_sync(p, out)
     rows = P.records(out, P.grid(p, out) + P.headline(p, out, best) + P.mitigations(p, best, out))
     mits = p.llm.mitigations
-    base_seeds = set(range(p.llm.seeds))
     table = []
     for opt in p.llm.optimizers:
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
@@ -349,7 +348,7 @@ def mitigations(p: Preset, out: Path) -> dict:
     if "ef" in mits and p.llm.ef_lrs:
         ef_rows = P.records(out, P.ef_lrs(p, best, out))
         for opt in p.llm.ef_lrs:
-            mom = best[opt]["momentum"]
+            mom, base_seeds = best[opt]["momentum"], set(range(P.seeds(p, opt)))
             for lr in P.neighbours(best[opt]["lrs"], best[opt]["lr"]):
                 sel = [r for r in rows + ef_rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)
                        and r["mode"] in ("sync", "delayed", "ef") and r["seed"] in base_seeds]
@@ -492,11 +491,10 @@ def learning_rate(p: Preset, out: Path) -> dict:
     best = P.best_sync(p, out)
     rows = P.records(out, P.grid(p, out))
     ef_rows = P.records(out, P.ef_lrs(p, best, out)) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
-    seeds = set(range(p.llm.seeds))
     table, verdicts, numbers, optima, slopes = [], [], [], {}, {}
     steps = p.llm.base["steps"]
     for opt in p.llm.lr_sweep:
-        mom = p.llm.momentum.get(opt)
+        mom, seeds = p.llm.momentum.get(opt), set(range(P.seeds(p, opt)))
         lrs = best[opt]["lrs"]
         pts = [_cell_row(rows, opt, lr, mom, ("sync", "delayed")) for lr in lrs]
         table += pts

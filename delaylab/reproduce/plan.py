@@ -40,6 +40,11 @@ def _momentum(p: Preset, opt: str) -> float | None:
     return p.llm.momentum.get(opt)
 
 
+def seeds(p: Preset, opt: str) -> int:
+    """``opt``'s base seeds: every cell of it has them; its grid decisions are made on them."""
+    return p.llm.optimizer_seeds.get(opt, p.llm.seeds)
+
+
 def _runs(variant: str, base: dict, opt: str, lr: float, momentum, modes, seeds, label=None) -> list[LLMRun]:
     seeds = range(seeds) if isinstance(seeds, int) else seeds
     return [LLMRun(variant, base, Cell(opt, mode, float(lr), momentum, s), label or mode)
@@ -153,7 +158,7 @@ def overhead_runs(out: Path, base: dict, sync: LLMRun, other: LLMRun, lengths) -
 
 def grid_runs_at(p: Preset, opt: str) -> Callable[[float], list[LLMRun]]:
     g = p.llm
-    return lambda lr: _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), g.seeds)
+    return lambda lr: _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), seeds(p, opt))
 
 
 def grid_lrs(p: Preset, out: Path, opt: str) -> dict:
@@ -213,11 +218,11 @@ def headline_seeds(p: Preset, out: Path, opt: str, best: dict) -> dict:
     def runs_for(lo, hi):
         return _runs(MAIN, g.base, opt, row["lr"], row["momentum"], modes, range(lo, hi))
 
-    return power_seeds(out, runs_for, g.seeds, g.max_seeds if opt in g.headline else None)
+    return power_seeds(out, runs_for, seeds(p, opt), g.max_seeds if opt in g.headline else None)
 
 
 def cell_seeds(p: Preset, out: Path, opt: str, best: dict) -> int:
-    return headline_seeds(p, out, opt, best)["seeds"] if opt in p.llm.headline else p.llm.seeds
+    return headline_seeds(p, out, opt, best)["seeds"] if opt in p.llm.headline else seeds(p, opt)
 
 
 def headline(p: Preset, out: Path, best: dict) -> list[LLMRun]:
@@ -246,8 +251,8 @@ def mitigations(p: Preset, best: dict, out: Path | None = None) -> list[LLMRun]:
         row = best[opt]
         for m in p.llm.mitigations:
             variant, base = variant_base(p, m)
-            seeds = cell_seeds(p, out, opt, best) if m == "ef" and out is not None else p.llm.seeds
-            runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), seeds, label=m)
+            n = cell_seeds(p, out, opt, best) if m == "ef" and out is not None else seeds(p, opt)
+            runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), n, label=m)
     return runs
 
 
@@ -263,7 +268,7 @@ def ef_grid(p: Preset, out: Path, opt: str, best: dict) -> dict:
     g = p.llm
 
     def runs_at(lr):
-        return _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), g.seeds)
+        return _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))
 
     return adaptive_lrs(out, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("ef",), g.lr_extend)
 
@@ -272,7 +277,7 @@ def ef_lrs(p: Preset, best: dict, out: Path) -> list[LLMRun]:
     """EF over its own lr grid (recovery against lr; EF's own best lr)."""
     g = p.llm
     return [r for opt in g.ef_lrs for lr in ef_grid(p, out, opt, best)["lrs"]
-            for r in _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), g.seeds)]
+            for r in _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))]
 
 
 def momentum_grid(p: Preset, out: Path, opt: str, mom: float, best: dict) -> dict:
@@ -286,7 +291,7 @@ def momentum_grid(p: Preset, out: Path, opt: str, mom: float, best: dict) -> dic
             return main
 
     def runs_at(lr):
-        return _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), g.seeds)
+        return _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))
 
     return adaptive_lrs(out, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("sync", "delayed"),
                         g.lr_extend)
@@ -297,7 +302,7 @@ def momentum(p: Preset, best: dict, out: Path) -> list[LLMRun]:
     g = p.llm
     return [r for opt, grid_ in g.momenta.items() for mom in grid_
             for lr in momentum_grid(p, out, opt, mom, best)["lrs"]
-            for r in _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), g.seeds)]
+            for r in _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))]
 
 
 def overhead_plan(p: Preset, out: Path, best: dict) -> dict[tuple, dict]:
@@ -308,7 +313,7 @@ def overhead_plan(p: Preset, out: Path, best: dict) -> dict[tuple, dict]:
     res = {}
     for opt in g.overhead:
         row = best[opt]
-        for s in range(g.seeds):
+        for s in range(seeds(p, opt)):
             sync = _runs(MAIN, g.base, opt, row["lr"], row["momentum"], ("sync",), [s])[0]
             for mode in modes:
                 other = _runs(MAIN, g.base, opt, row["lr"], row["momentum"], (mode,), [s])[0]
@@ -336,17 +341,17 @@ def ablations(p: Preset, best: dict) -> dict[str, list[LLMRun]]:
     """Each ablation's runs at the best sync lr: ``ablation_modes`` under the changed base; the
     DC-ASGD lambdas and DC-ASGD-a as their corrected runs only (sync and delayed are finding 1's)."""
     g = p.llm
-    seeds = g.ablation_seeds or g.seeds
+    n = g.ablation_seeds or g.seeds
     out: dict[str, list[LLMRun]] = {}
     for name, (variant, base) in ablation_bases(p).items():
         modes = ("dc-asgd",) if name.startswith("dc-asgd") else g.ablation_modes
         out[name] = [r for opt in g.ablation_optimizers for mode in modes
-                     for r in _runs(variant, base, opt, best[opt]["lr"], best[opt]["momentum"], (mode,), seeds,
+                     for r in _runs(variant, base, opt, best[opt]["lr"], best[opt]["momentum"], (mode,), n,
                                     label=name if name.startswith("dc-asgd") else mode)]
     if g.dc_adaptive:
         out["dc-asgd-a"] = [r for opt in g.ablation_optimizers
                             for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"],
-                                           ("dc-asgd-a",), seeds)]
+                                           ("dc-asgd-a",), n)]
     return out
 
 
@@ -500,17 +505,6 @@ def plan(p: Preset, out: Path) -> list:
     if p.toy is not None:
         runs += [r for group in toy(p).values() for r in group]
     return _unique(runs)
-
-
-def complete(p: Preset, out: Path) -> bool:
-    """Every run the report needs has finished (the plan's fixed point)."""
-    return all(read_summary(out, r) is not None for r in plan(p, out)) and _decided(p, out)
-
-
-def _decided(p: Preset, out: Path) -> bool:
-    if p.scale is not None and axis(p, out)[1] is None:
-        return False
-    return p.llm is None or best_sync(p, out) is not None
 
 
 def _unique(runs: list) -> list:

@@ -16,10 +16,8 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import numpy as np
 
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
@@ -259,7 +257,7 @@ def scale(p: Preset, out: Path) -> dict:
         for key, label in quantities:
             vals = [value(e, key) for e in mine]
             ch = _change(vals[0], vals[-1], "gap" if key.endswith("_gap") else "ratio")
-            target = PAPER_SCALE.get(key, PAPER_SCALE.get(key.replace("_ef", "_ef")))
+            target = PAPER_SCALE[key]
             direction = _toward(ch, vals[-1]["value"], target)
             trends[f"{size}:{key}"] = {"size": size, "quantity": key, "ratios": [e["tokens_per_param"] for e in mine],
                                        "values": [v["value"] for v in vals], "intervals": [v.get("ci") for v in vals],
@@ -291,7 +289,9 @@ def scale(p: Preset, out: Path) -> dict:
             f"{o} {_fmt(st['gap']['mean'])} {_ci(st['gap'])}" for o, st in e["optimizers"].items()) for e in table)
     setup = (f"{', '.join(f'{size} at ' + ', '.join(f'{r:g}' for r in s.ratios if (size, r) in points) for size in s.sizes)} "
              f"tokens per parameter; batch " + ", ".join(f"{k} {v}" for k, v in s.batch_size.items())
-             + f" x {s.block_size} tokens; {s.seeds} seeds (power rule up to {s.max_seeds}); lr: the best of a "
+             + f" x {s.block_size} tokens; {s.seeds} seeds"
+             + (f" (power rule up to {s.max_seeds})" if s.max_seeds else " (none added: an unresolved gap says so)")
+             + "; lr: the best of a "
              f"{s.scan_seeds}-seed sync scan at each point, grown at an edge up to {s.lr_extend} steps per side")
     return {"id": 8, "key": "scale", "title": "Axes: the gaps against tokens per parameter and model size",
             "paper": "360M at 20 tokens per parameter: AdamW +0.278, Muon +0.012; EF recovers 50-90%.",

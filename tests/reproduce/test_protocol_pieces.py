@@ -31,7 +31,7 @@ def test_axis_steps_give_the_stated_tokens_per_parameter():
 
     p = PRESETS["cpu-tokens"]
     s = p.scale
-    assert s.points() == [("tiny", 0.5), ("tiny", 2.0), ("tiny", 5.0), ("tiny", 20.0), ("small", 0.5), ("small", 2.0)]
+    assert s.points() == [("tiny", 0.5), ("tiny", 2.0), ("tiny", 5.0), ("tiny", 20.0), ("small", 0.5)]
     for size, ratio in s.points():
         params = sum(x.numel() for x in GPT(preset(size, vocab_size=256, block_size=s.block_size)).parameters())
         base = plan.axis_base(p, size, ratio)
