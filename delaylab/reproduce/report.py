@@ -75,8 +75,14 @@ def _sweep_command(variant: str, base: dict, runs: list, out: str) -> list[str]:
         key, rest = keys[0], keys[1:]
         return [c for v in dict.fromkeys(key(r) for r in rs) for c in split([r for r in rs if key(r) == v], rest)]
 
-    return split(runs, [lambda r: r.cell.optimizer, lambda r: r.cell.momentum, lambda r: r.cell.mode,
-                        lambda r: r.cell.lr])
+    runs = list({r.folder: r for r in runs}.values())  # a run two findings share, once
+    n_seeds: dict = {}
+    for r in runs:
+        key = (r.cell.optimizer, r.cell.mode, r.cell.lr, r.cell.momentum)
+        n_seeds[key] = n_seeds.get(key, 0) + 1
+    return split(runs, [lambda r: r.cell.optimizer, lambda r: r.cell.momentum,
+                        lambda r: n_seeds[(r.cell.optimizer, r.cell.mode, r.cell.lr, r.cell.momentum)],
+                        lambda r: r.cell.mode, lambda r: r.cell.lr])
 
 
 def llm_commands(runs: list, out: str) -> list[str]:
