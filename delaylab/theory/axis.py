@@ -158,6 +158,7 @@ def plot_delay_axis(rows: list[dict]):
     for ax in (left, right):
         ax.set_xticks(sorted({r["tau"] for r in rows}))
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

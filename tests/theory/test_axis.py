@@ -2,12 +2,14 @@
 time-domain recursion of the stability model, and, for a random delay, a run of the real
 ``Delayed`` optimizer in the drift phase where Lemma L3's bias is an equality."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from delaylab.cli import main
 from delaylab.optim import Delayed, LMOMomentum
 from delaylab.optim.queue import DelayDistribution
 from delaylab.theory.axis import TAUS, adam_point, axis_markdown, delay_axis, lmo_point
@@ -85,3 +87,14 @@ def test_a_random_delay_enters_the_momentum_error_through_its_mean():
         assert abs(e.mean() - (lag + mean)) < 0.05, (dist, e.mean())
     # the constant delay is an equality (to the start-up's geometric tail)
     assert np.abs(error(2) - (lag + 2)).max() < 1e-6
+
+
+def test_the_command_prints_the_rows_and_draws_the_figure(tmp_path, capsys):
+    png = tmp_path / "axis.png"
+    code = main(["theory", "axis", "--taus", "1,2,4,8", "--plot", str(png), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(data["rows"]) == 8 and png.stat().st_size > 10_000
+    muon = next(r for r in data["rows"] if r["optimizer"] == "muon" and r["tau"] == 8)
+    assert muon["nesterov"] and muon["relative_penalty"] == pytest.approx(8 * 0.05 / 0.95**2)
+    for argv, msg in ((["--taus", "2.5"], "constant integer delay"), (["--optimizers", "sgd"], "no model")):
+        assert main(["theory", "axis", *argv]) == 2 and msg in capsys.readouterr().err
