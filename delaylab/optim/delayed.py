@@ -219,6 +219,9 @@ class Delayed(Optimizer):
             raise TypeError(f"unexpected keyword {unknown[0]!r} (the correctors read: {', '.join(known)})")
         if self.dist is not None and delay is not None:
             raise ConfigError("a group of a Delayed with a delay distribution follows the distribution: give no delay")
+        if self.dist is not None and any(self.queue.updates):
+            raise ConfigError("with a delay distribution every group shares one update count: add groups before "
+                              "the first step")
         delay = common(self.delays, "delay") if delay is None else check_count("delay", delay)
         self.inner.add_param_group(param_group)
         self.param_groups = self.inner.param_groups  # a CombinedOptimizer keeps its list

@@ -191,6 +191,12 @@ def test_misuse_is_a_one_line_config_error():
         opt.step()  # a gradient not taken at the stale weights
     with pytest.raises(ConfigError, match="not defined for a delay distribution"):
         Delayed(torch.optim.SGD([x], lr=LR), DelayDistribution.parse("uniform:2"), "dc-asgd")
+    y = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ConfigError, match="before the first step"):
+        with opt.predicted_weights():
+            x.grad = torch.zeros(D, dtype=torch.float64)
+        opt.step()
+        opt.add_param_group({"params": [y]})
     for spec, msg in [("normal:2", "unknown delay distribution"), ("uniform:3-1", "LO <= HI"),
                       ("cycle:1,-1", "integer >= 0"), ("uniform:", "expected cycle")]:
         with pytest.raises(ConfigError, match=msg):
@@ -211,3 +217,22 @@ def test_a_closure_is_evaluated_at_the_stale_weights():
         opt.step(closure)
         hist.append(hist[k] - LR * grad(hist[max(0, k - 2)], k))
     assert np.abs(x.detach().numpy() - hist[-1]).max() <= TOL
+
+
+def test_every_param_group_follows_the_one_distribution():
+    """Two groups (one given at construction, one added before the first step) against one group:
+    the same iterates, bit for bit, with EF and prediction."""
+    dist = DelayDistribution.parse("uniform:0-3", seed=4)
+    whole, _ = drive(sgd(dist, "ef,predict"), 30)
+    x, y = torch.tensor(X0[:2], requires_grad=True), torch.tensor(X0[2:], requires_grad=True)
+    opt = Delayed(torch.optim.SGD([x], lr=LR), dist, "ef,predict")
+    opt.add_param_group({"params": [y]})
+    out = []
+    for c in range(30):
+        with opt.predicted_weights():
+            g = grad(np.concatenate([x.detach().numpy(), y.detach().numpy()]), c)
+            x.grad, y.grad = torch.tensor(g[:2]), torch.tensor(g[2:])
+        opt.step()
+        out.append(np.concatenate([x.detach().numpy(), y.detach().numpy()]))
+    np.testing.assert_array_equal(np.array(out), whole)
+    assert opt.group_updates == [30, 30] and opt.ef_lags == [1.5, 1.5]
