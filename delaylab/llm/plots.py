@@ -21,6 +21,7 @@ MODE_STYLE = {
     "predict": dict(color="tab:purple", ls="-."),
     "lookahead": dict(color="tab:brown", ls="-."),
     "damp": dict(color="tab:gray", ls="--"),
+    "ef+predict": dict(color="tab:cyan", ls="-"),
 }
 
 

@@ -15,7 +15,8 @@ rerun; interrupted ones resume from their checkpoint), then writes
 A sweep whose runs validate fewer than 8 times warns (stderr, and ``warnings`` in gaps.json):
 the overhead interpolates between validation points.
 
-Modes: ``sync``, ``delayed``, ``ef`` (delayed + error feedback), ``dc-asgd``.
+Modes: ``sync``, ``delayed``, ``ef`` (delayed + error feedback), ``dc-asgd``, every other single
+corrector of :mod:`delaylab.optim.corrections`, and ``ef+predict`` (EF and weight prediction together).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
 from delaylab.run_folder import METRICS
 from delaylab.llm.run.trainer import train
 
-# Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1).
+# Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1). A corrector
+# list is a mode named with "+" (``--modes`` is a comma list): ef+predict is the one the delay axis runs.
 SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"),
-               **{c: (True, c) for c in CORRECTIONS_BY_ENGINE["simulator"] if c != "none"}}
+               **{c: (True, c) for c in CORRECTIONS_BY_ENGINE["simulator"] if c != "none"},
+               "ef+predict": (True, "ef,predict")}
 FIXES = tuple(m for m in SWEEP_MODES if m not in ("sync", "delayed"))  # the corrected modes
 
 

@@ -10,7 +10,8 @@ GPT run: enough to recompute every number without delaylab):
 5. 2BW's constant delay against PipeDream's per-stage delays (simulator, per-group tau);
 6. the toy rate checks of :mod:`delaylab.toy.rates` (measured vs bound, slopes);
 7. the protocol's ablations (warmup, run length, DC-ASGD's lambda) and 8. the tokens-per-parameter
-   and model-size axes, where the preset has them (:mod:`~delaylab.reproduce.protocol`); and a
+   and model-size axes, where the preset has them (:mod:`~delaylab.reproduce.protocol`); 9. the
+   delay axis (tau = 1..8, per-stage and random delays, correctors; :mod:`~delaylab.reproduce.delays`); and a
    theory column of every number the theory gives against the measured one. Verdicts are
    three-valued, by one rule (:mod:`~delaylab.reproduce.verdicts`).
 
@@ -33,7 +34,7 @@ from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
 SESSIONS = "sessions.jsonl"  # one line per invocation: when, how long, how many runs computed / read
-GRID_FIELDS = ("llm", "schedules", "toy", "scale")  # what decides the runs (names and notes may change)
+GRID_FIELDS = ("llm", "schedules", "toy", "scale", "delays")  # what decides the runs (names and notes may change)
 
 __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
 

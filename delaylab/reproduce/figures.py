@@ -265,6 +265,65 @@ def plot_scale(part8: dict):
     return fig
 
 
+_SETTING_MARKERS = ("s", "^", "D", "v", "P", "X")
+
+
+def plot_delays(part9: dict):
+    """Top: each mode's gap (95% t) against the mean delay, one panel per optimizer; bottom: the
+    share each corrector recovers (95% Fieller; hollow without a bar where the set is unbounded).
+    Uniform tau on the base model as lines; per-stage, random and other-model settings as markers."""
+    from delaylab.llm.plots import MODE_STYLE
+
+    rows = part9["rows"]
+    opts = list(dict.fromkeys(r["optimizer"] for r in rows))
+    fig, axes = plt.subplots(2, len(opts), figsize=(5.2 * len(opts), 7.4), squeeze=False)
+    lines = {(r["setting"]) for r in rows if isinstance(r["delay"], int) and not r["model"]}
+    others = list(dict.fromkeys(r["setting"] for r in rows if r["setting"] not in lines))
+    marker = {name: _SETTING_MARKERS[i % len(_SETTING_MARKERS)] for i, name in enumerate(others)}
+    for col, opt in enumerate(opts):
+        top, bottom = axes[0][col], axes[1][col]
+        mine = [r for r in rows if r["optimizer"] == opt]
+        for mode in dict.fromkeys(r["mode"] for r in mine):
+            color = MODE_STYLE.get(mode, {}).get("color")
+            for ax, get in ((top, lambda r: (r["gap"]["mean"], r["gap"]["ci"])),
+                            (bottom, lambda r: ((r.get("recovered") or {}).get("ratio_of_means"),
+                                                (r.get("recovered") or {}).get("ci")))):
+                if ax is bottom and mode == "delayed":
+                    continue
+                pts = sorted((r["mean_delay"], *get(r)) for r in mine if r["mode"] == mode and r["setting"] in lines
+                             and get(r)[0] is not None)
+                if pts:
+                    xs, ys = [x for x, _, _ in pts], [y for _, y, _ in pts]
+                    ax.plot(xs, ys, "o-", color=color, label=mode, lw=1.2)
+                    for x, y, ci in pts:
+                        if ci:
+                            ax.errorbar([x], [y], [[y - ci[0]], [ci[1] - y]], color=color, capsize=2, lw=0.8)
+                        elif ax is bottom:
+                            ax.plot([x], [y], "o", mfc="white", color=color)
+                for r in mine:
+                    if r["mode"] != mode or r["setting"] in lines or get(r)[0] is None:
+                        continue
+                    y, ci = get(r)
+                    ax.errorbar([r["mean_delay"] * 1.04], [y], None if not ci else [[y - ci[0]], [ci[1] - y]],
+                                fmt=marker[r["setting"]], color=color, capsize=2, lw=0.8,
+                                mfc=color if ci or ax is top else "white")
+        for name in others:
+            top.plot([], [], marker[name], color="gray", label=name)
+        top.axhline(0, color="black", lw=0.8)
+        bottom.axhline(0, color="black", lw=0.8)
+        bottom.axhline(100, color="gray", lw=0.8, ls=":")
+        top.set(title=f"{opt}: gap to sync, each mode at its lr (95% t)", ylabel="val loss - sync val loss")
+        bottom.set(title=f"{opt}: share of the gap recovered (95% Fieller)", ylabel="recovered (%)",
+                   xlabel="mean delay tau")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+            ax.legend(frameon=False, fontsize=7)
+            ax.title.set_fontsize(9)
+    fig.tight_layout()
+    return fig
+
+
 def write(parts: dict, out: Path) -> dict[str, str]:
     """Every figure as ``out/repro_<name>.png``; returns ``{part key: file name}``."""
     figs = {
@@ -277,6 +336,7 @@ def write(parts: dict, out: Path) -> dict[str, str]:
         "toy": ("repro_toy_rates.png", lambda: plot_toy(parts["toy"], out)),
         "ablations": ("repro_ablations.png", lambda: plot_ablations(parts["ablations"])),
         "scale": ("repro_scale.png", lambda: plot_scale(parts["scale"])),
+        "delays": ("repro_delays.png", lambda: plot_delays(parts["delays"])),
     }
     figs = {k: v for k, v in figs.items() if k in parts}
     written = {}

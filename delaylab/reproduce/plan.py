@@ -137,8 +137,8 @@ def overhead_runs(out: Path, base: dict, sync: LLMRun, other: LLMRun, lengths) -
     runs = [other]
     sync_metrics = read_metrics(Path(out) / sync.folder) if read_summary(out, sync) is not None else None
     for factor in (1, *lengths):
-        run = other if factor == 1 else LLMRun(_length_variant(factor), length_base(base, factor), other.cell,
-                                               other.label)
+        variant = _length_variant(factor) if other.variant == MAIN else f"{other.variant}-{_length_variant(factor)}"
+        run = other if factor == 1 else LLMRun(variant, length_base(base, factor), other.cell, other.label)
         if factor != 1:
             runs.append(run)
         if sync_metrics is None or read_summary(out, run) is None:
@@ -427,6 +427,153 @@ def axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
     return runs, (table if done else None)
 
 
+# -- the delay axis ------------------------------------------------------------------------------------
+
+
+def delay_base(p: Preset, setting) -> dict:
+    """The TrainConfig fields of a delay setting's delayed runs (its sync runs: :func:`delay_sync`)."""
+    g = p.delays
+    delay = {"delay_dist": setting.delay_dist} if setting.delay_dist is not None else {
+        "delay": list(setting.delay) if isinstance(setting.delay, tuple) else setting.delay}
+    return {**g.base, **setting.model, **delay}
+
+
+def delay_sync(p: Preset, setting=None) -> tuple[str, dict]:
+    """(variant, base) of the sync runs a setting's gaps are taken against: one folder per model."""
+    model = {} if setting is None else setting.model
+    suffix = "".join(f"-{k.replace('_', '')}{v}" for k, v in sorted(model.items()))
+    return f"delays-sync{suffix}", {**p.delays.base, **model}
+
+
+def _lattice(p: Preset, opt: str, lr: float) -> float:
+    """``lr`` rounded to the nearest point of ``opt``'s factor-2 lr lattice (in log lr)."""
+    lr0 = p.delays.lrs[opt][0]
+    return lr0 * 2.0 ** round(math.log2(lr / lr0))
+
+
+def delay_sync_grid(p: Preset, out: Path, opt: str) -> dict:
+    g = p.delays
+    variant, base = delay_sync(p)
+
+    def runs_at(lr):
+        return _runs(variant, base, opt, lr, g.momentum.get(opt), ("sync",), g.scan_seeds)
+
+    return adaptive_lrs(out, g.lrs[opt], runs_at, ("sync",), g.lr_extend)
+
+
+def delay_mode_grid(p: Preset, out: Path, name: str, opt: str, mode: str, start: float) -> dict:
+    """A mode's lr grid at a tuned setting: the three lattice lrs around ``start``, grown at an edge."""
+    g = p.delays
+    s = g.setting(name)
+    base = delay_base(p, s)
+
+    def runs_at(lr):
+        return _runs(f"delays-{name}", base, opt, lr, g.momentum.get(opt), (mode,), g.scan_seeds)
+
+    return adaptive_lrs(out, [start / 2, start, start * 2], runs_at, (mode,), g.lr_extend)
+
+
+def interpolate_lr(p: Preset, opt: str, optima: dict[float, float], mean_delay: float) -> float:
+    """The lr at ``mean_delay`` from ``{mean delay: best lr}`` of the tuned settings: linear in log lr
+    against log mean delay between the two nearest (the nearest one outside their range), rounded to
+    the lr lattice."""
+    taus = sorted(optima)
+    if mean_delay <= taus[0] or len(taus) == 1:
+        return optima[taus[0]]
+    if mean_delay >= taus[-1]:
+        return optima[taus[-1]]
+    hi = next(t for t in taus if t >= mean_delay)
+    lo = max(t for t in taus if t <= mean_delay)
+    if hi == lo:
+        return optima[lo]
+    w = (math.log(mean_delay) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return _lattice(p, opt, math.exp((1 - w) * math.log(optima[lo]) + w * math.log(optima[hi])))
+
+
+def delay_lrs(p: Preset, out: Path) -> tuple[list[LLMRun], dict, bool]:
+    """The lr grids' runs decidable now, the lrs decided so far and whether all are:
+    ``{"sync": {opt: grid}, (setting, opt, mode): {"lr", "grid" (None where interpolated), "tuned"}}``.
+    A tuned setting's grid starts once the previous one's has finished; the interpolated lrs once
+    every tuned grid of their (optimizer, mode) has."""
+    g = p.delays
+    runs, lrs, done = [], {"sync": {}}, True
+    variant, base = delay_sync(p)
+    for opt in g.optimizers:
+        grid = delay_sync_grid(p, out, opt)
+        runs += [r for lr in grid["lrs"] for r in _runs(variant, base, opt, lr, g.momentum.get(opt), ("sync",),
+                                                         g.scan_seeds)]
+        if not grid["done"]:
+            done = False
+            continue
+        lrs["sync"][opt] = grid
+        for mode in dict.fromkeys(m for s in g.settings for m in g.modes_of(s)):
+            start, tuned = grid["best"]["sync"], True
+            for name in (n for n in g.tuned if mode in g.modes_of(g.setting(n))):
+                mg = delay_mode_grid(p, out, name, opt, mode, start)
+                runs += [r for lr in mg["lrs"] for r in _runs(f"delays-{name}", delay_base(p, g.setting(name)), opt,
+                                                               lr, g.momentum.get(opt), (mode,), g.scan_seeds)]
+                if not mg["done"]:
+                    tuned = done = False
+                    break
+                start = mg["best"][mode]
+                lrs[(name, opt, mode)] = {"lr": start, "grid": mg, "tuned": True}
+            if not tuned:
+                continue
+            optima = {g.setting(n).mean_delay: lrs[(n, opt, mode)]["lr"] for n in g.tuned
+                      if (n, opt, mode) in lrs}
+            for s in g.settings:
+                if mode in g.modes_of(s) and (s.name, opt, mode) not in lrs:
+                    lrs[(s.name, opt, mode)] = {"lr": interpolate_lr(p, opt, optima, s.mean_delay), "grid": None,
+                                                "tuned": False}
+    return runs, lrs, done
+
+
+def delay_cells(p: Preset, lrs: dict) -> dict[tuple, list[LLMRun]]:
+    """The reported cells decided so far (``seeds`` seeds each): ``(setting, opt, "sync")`` at the best
+    sync lr (the setting's own model) and ``(setting, opt, mode)`` at the mode's lr."""
+    g = p.delays
+    cells = {}
+    for opt in lrs["sync"]:
+        sync_lr = lrs["sync"][opt]["best"]["sync"]
+        for s in g.settings:
+            variant, base = delay_sync(p, s)
+            cells[(s.name, opt, "sync")] = _runs(variant, base, opt, sync_lr, g.momentum.get(opt), ("sync",), g.seeds)
+            for mode in g.modes_of(s):
+                if (s.name, opt, mode) in lrs:
+                    cells[(s.name, opt, mode)] = _runs(f"delays-{s.name}", delay_base(p, s), opt,
+                                                       lrs[(s.name, opt, mode)]["lr"], g.momentum.get(opt), (mode,),
+                                                       g.seeds)
+    return cells
+
+
+def delay_overhead(p: Preset, out: Path, cells: dict) -> dict[tuple, dict]:
+    """``{(setting, opt, mode, seed): overhead_runs(...)}`` for the ``overhead`` settings and modes."""
+    g = p.delays
+    res = {}
+    for name in g.overhead:
+        s = g.setting(name)
+        for opt in g.optimizers:
+            for mode in g.overhead_modes:
+                if (name, opt, mode) not in cells:
+                    continue
+                for seed in range(g.overhead_seeds):
+                    sync, other = cells[(name, opt, "sync")][seed], cells[(name, opt, mode)][seed]
+                    res[(name, opt, mode, seed)] = overhead_runs(out, delay_base(p, s), sync, other,
+                                                                 g.overhead_lengths)
+    return res
+
+
+def delay_axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
+    """Every delay-axis run decidable now, and once all are finished ``{"lrs", "cells", "overhead"}``."""
+    runs, lrs, done = delay_lrs(p, out)
+    cells = delay_cells(p, lrs)
+    runs += [r for rs in cells.values() for r in rs]
+    overhead = delay_overhead(p, out, cells)
+    runs += [r for o in overhead.values() for r in o["runs"]]
+    finished = done and all(read_summary(out, r) is not None for r in runs) and all(o["done"] for o in overhead.values())
+    return runs, ({"lrs": lrs, "cells": cells, "overhead": overhead} if finished else None)
+
+
 # -- findings 5 and 6 --------------------------------------------------------------------------------
 
 
@@ -485,6 +632,8 @@ def llm_runs(p: Preset, out: Path) -> list[LLMRun]:
     runs = []
     if p.scale is not None:
         runs += axis(p, out)[0]
+    if p.delays is not None:
+        runs += delay_axis(p, out)[0]
     if p.llm is not None:
         runs += grid(p, out)
     if p.schedules is not None:

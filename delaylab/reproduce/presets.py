@@ -1,9 +1,10 @@
 """The grids of ``delaylab reproduce``: what each preset runs, as plain data.
 
-A preset has up to four parts: the GPT grid of findings 1-4 and the protocol's ablations
+A preset has up to five parts: the GPT grid of findings 1-4 and the protocol's ablations
 (:class:`LLMGrid`), the schedule comparison of finding 5 (:class:`ScheduleGrid`, per-stage
-delays in the single-process simulator), the toy checks of finding 6 (:class:`ToyGrid`) and the
-tokens-per-parameter and model-size axes (:class:`ScaleGrid`); a part that is None is not run. Every field ends up in ``DIR/reproduce.json``, so a
+delays in the single-process simulator), the toy checks of finding 6 (:class:`ToyGrid`), the
+tokens-per-parameter and model-size axes (:class:`ScaleGrid`) and the delay axis
+(:class:`DelayGrid`); a part that is None is not run. Every field ends up in ``DIR/reproduce.json``, so a
 folder is only ever resumed with the grid that started it.
 
 Each CPU preset is sized to finish within 90 minutes on a 2-core CPU with two runs at a time,
@@ -117,6 +118,84 @@ class ScheduleGrid:
 
 
 @dataclass(frozen=True)
+class DelaySetting:
+    """One delay of the delay axis: a constant ``delay`` (an int, or one tau per pipeline stage as
+    a tuple: the simulator's per-stage split, :func:`delaylab.llm.model.stage_ranges`, needs
+    ``len(delay) <= n_layer`` and gives stage 0 the embedding, the last stage the head) or a
+    ``delay_dist`` (``uniform:LO-HI``, ``cycle:A,B,...``). ``model``: TrainConfig fields the
+    setting changes besides the delay (``{"n_layer": 8}`` for eight stages); its sync runs are
+    then its own. ``modes``: the grid's modes where None."""
+
+    name: str
+    delay: int | tuple[int, ...] | None = None
+    delay_dist: str | None = None
+    model: dict = field(default_factory=dict)
+    modes: tuple[str, ...] | None = None
+
+    @property
+    def mean_delay(self) -> float:
+        if self.delay_dist is not None:
+            from delaylab.optim.queue import DelayDistribution
+
+            return DelayDistribution.parse(self.delay_dist).mean
+        d = self.delay if isinstance(self.delay, tuple) else (self.delay,)
+        return sum(d) / len(d)
+
+
+@dataclass(frozen=True)
+class DelayGrid:
+    """The delay axis (issue 28): sync and each delayed ``mode`` (a corrector list, e.g. ``ef+predict``)
+    of every optimizer at every :class:`DelaySetting`.
+
+    lr: sync's over ``lrs[opt]``; every mode's over its own grid at the ``tuned`` settings, in
+    their order, each grid starting at the three lrs around the same mode's best at the previous
+    tuned setting (the first around sync's best). Every grid is decided on ``scan_seeds`` seeds and
+    grows at an edge by ``lr_extend`` steps per side (the plan's rule). At a setting that is not
+    tuned, a mode's lr is interpolated between the tuned settings' optima, linear in log lr against
+    log mean delay, and rounded to the nearest lr of the factor-2 lattice of ``lrs``; a setting with
+    ``model`` overrides takes the lrs of the base model. Every reported cell has ``seeds`` seeds.
+    ``overhead``: settings whose ``overhead_modes`` runs of seeds ``0..overhead_seeds-1`` that miss
+    their seed's sync final loss are rerun ``overhead_lengths`` times as long (iso-loss overhead).
+    """
+
+    base: dict
+    optimizers: tuple[str, ...]
+    lrs: dict[str, tuple[float, ...]]
+    momentum: dict[str, float]
+    settings: tuple[DelaySetting, ...]
+    tuned: tuple[str, ...]
+    modes: tuple[str, ...] = ("delayed", "ef", "predict", "ef+predict")
+    seeds: int = 4
+    scan_seeds: int = 3
+    lr_extend: int = 2
+    overhead: tuple[str, ...] = ()
+    overhead_modes: tuple[str, ...] = ("delayed",)
+    overhead_seeds: int = 2
+    overhead_lengths: tuple[float, ...] = (2, 4)
+
+    def __post_init__(self):
+        names = [s.name for s in self.settings]
+        if len(set(names)) != len(names) or not self.tuned or not set(self.tuned) <= set(names):
+            raise ConfigError(f"delay grid: setting names must be unique and the tuned ones among them, got {names} "
+                              f"and tuned {list(self.tuned)}")
+        tuned_modes = {m for n in self.tuned for m in self.modes_of(self.setting(n))}
+        for s in self.settings:
+            if (s.delay is None) == (s.delay_dist is None):
+                raise ConfigError(f"delay setting {s.name}: give a delay or a delay_dist, not both or neither")
+            untuned = set(self.modes_of(s)) - tuned_modes
+            if untuned:
+                raise ConfigError(f"delay setting {s.name}: mode {sorted(untuned)[0]} is tuned at no setting")
+        if "delayed" not in self.modes:
+            raise ConfigError("delay grid: the modes need 'delayed' (every recovery is a share of its gap)")
+
+    def setting(self, name: str) -> DelaySetting:
+        return next(s for s in self.settings if s.name == name)
+
+    def modes_of(self, s: DelaySetting) -> tuple[str, ...]:
+        return self.modes if s.modes is None else s.modes
+
+
+@dataclass(frozen=True)
 class ToyGrid:
     """Finding 6: ``delaylab toy rates`` (every problem x LMO method x {sync, tau=1, EF}),
     the delay's cost at fixed (eta, beta) and the sync/delayed/EF comparison with EF's drift."""
@@ -145,6 +224,7 @@ class Preset:
     toy: ToyGrid | None
     scale: ScaleGrid | None = None
     notes: tuple[str, ...] = field(default=())
+    delays: DelayGrid | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -152,7 +232,7 @@ class Preset:
     @property
     def base(self) -> dict:
         """The TrainConfig fields every GPT run of the preset starts from."""
-        return self.llm.base if self.llm is not None else self.scale.base
+        return next(g.base for g in (self.llm, self.scale, self.delays) if g is not None)
 
 
 _RUN = dict(data="shakespeare", tokenizer="byte", threads=1, progress=False, device="cpu")
@@ -162,6 +242,17 @@ _MAIN_LRS = {"adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2), "muon": (0.01, 0.02, 0.0
 
 _TOY_FULL = ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectral", "lmo-sign", "lmo-l2"),
                     T=(100, 400, 1600), seeds=8)
+
+# The delay axis (issue 28): uniform tau, PipeDream's per-stage delays (stage s of P waits P-1-s
+# updates: delaylab.llm.pipeline.schedules; one block per stage, so P = 8 takes an 8-layer model, with
+# the 2BW delay on it as its comparison) and a random delay of mean 2, the mean of tau = 2.
+_DELAY_SETTINGS = (
+    DelaySetting("tau-1", 1), DelaySetting("tau-2", 2), DelaySetting("tau-4", 4), DelaySetting("tau-8", 8),
+    DelaySetting("pipedream-4", (3, 2, 1, 0)),
+    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}),
+    DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",)),
+    DelaySetting("uniform-0-4", delay_dist="uniform:0-4"),
+)
 
 PRESETS: dict[str, Preset] = {
     "cpu-small": Preset(
@@ -254,6 +345,50 @@ PRESETS: dict[str, Preset] = {
         notes=("the small GPT stops at 0.5 tokens per parameter and the medium one is not run: time (small at 2 "
                "tokens per parameter alone would take about 45 min of the 90 on 2 cores)",),
     ),
+    "cpu-delays": Preset(
+        name="cpu-delays",
+        summary="the delay axis: the small GPT (4 layers, d=128, context 64), 220 updates of 8 sequences, AdamW and "
+                "Muon x none / EF / weight prediction / EF + prediction at tau = 1, 2, 4, 8, PipeDream's per-stage "
+                "delays at P = 4 and 8 (P = 8 and its 2BW comparison on an 8-layer small GPT) and a random delay "
+                "uniform on {0..4} (mean 2); sync's lr and every mode's tuned at tau = 1 and 8 (3-seed grids "
+                "grown at an edge), interpolated in log tau elsewhere; 4 seeds per cell; iso-loss overhead of the "
+                "delayed runs at the uniform and random delays (2 seeds, runs up to 4x as long)",
+        llm=None, schedules=None, toy=None,
+        delays=DelayGrid(
+            # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (check_protocol);
+            # 8 sequences (not cpu-quick's 16) to fit 90 min on 2 cores (docs/beyond.md, "Delay axis")
+            base=dict(preset="small", block_size=64, batch_size=8, steps=220, eval_every=22, eval_batches=8,
+                      log_every=10, ckpt_every=110, **_RUN),
+            optimizers=("adamw", "muon"),
+            lrs={"adamw": (5e-4, 1e-3, 2e-3), "muon": (0.01, 0.02, 0.04)},
+            momentum={"adamw": 0.9, "muon": 0.95},
+            settings=_DELAY_SETTINGS, tuned=("tau-1", "tau-8"),
+            seeds=4, scan_seeds=3, lr_extend=2,
+            overhead=("tau-1", "tau-2", "tau-4", "tau-8", "uniform-0-4"), overhead_seeds=2, overhead_lengths=(2, 4),
+        ),
+        notes=("the iso-loss overhead is measured for the delayed runs (no corrector) of seeds 0 and 1 only, at the "
+               "uniform and random delays: time",),
+    ),
+    "ci-delays": Preset(
+        name="ci-delays",
+        summary="the delay axis on a few seconds of training (checks the pipeline, not the science: its runs are too "
+                "short for the protocol, so every verdict on them is undetermined)",
+        llm=None, schedules=None, toy=None,
+        delays=DelayGrid(
+            base=dict(preset="tiny", batch_size=2, block_size=32, steps=16, eval_every=4, eval_batches=2,
+                      log_every=4, ckpt_every=8, **_RUN),
+            optimizers=("adamw", "muon"), lrs={"adamw": (1e-3, 2e-3), "muon": (0.01, 0.02)},
+            momentum={"adamw": 0.9, "muon": 0.95},
+            # every kind of setting: uniform (tuned, in order), per-stage on the base model and on a
+            # 3-layer one with its own sync and 2BW rows, random
+            settings=(DelaySetting("tau-1", 1), DelaySetting("tau-2", 2), DelaySetting("pipedream-2", (1, 0)),
+                      DelaySetting("pipedream-3", (2, 1, 0), model={"n_layer": 3}, modes=("delayed",)),
+                      DelaySetting("2bw-3", 1, model={"n_layer": 3}, modes=("delayed",)),
+                      DelaySetting("uniform-0-2", delay_dist="uniform:0-2")),
+            tuned=("tau-1", "tau-2"), modes=("delayed", "ef+predict"), seeds=2, scan_seeds=2, lr_extend=1,
+            overhead=("tau-2",), overhead_seeds=1, overhead_lengths=(2,),
+        ),
+    ),
     "ci": Preset(
         name="ci",
         summary="every part of the report on a few seconds of training (checks the pipeline, not the science: its "
@@ -323,6 +458,10 @@ def check_protocol(p: Preset) -> None:
         for size, ratio in p.scale.points():
             for opt in p.scale.optimizers:
                 check(opt, p.scale.momentum.get(opt), axis_base(p, size, ratio))
+    if p.delays is not None:
+        for s in p.delays.settings:
+            for opt in p.delays.optimizers:
+                check(opt, p.delays.momentum.get(opt), {**p.delays.base, **s.model})
 
 
 def get_preset(name: str) -> Preset:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.reproduce import figures, findings, protocol
+from delaylab.reproduce import delays, figures, findings, protocol
 from delaylab.reproduce import plan as P
 from delaylab.llm.metrics import fmt_overhead, fmt_set
 from delaylab.reproduce.findings import _ci, _mode
@@ -124,6 +124,8 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
         cmds["toy"] = toy_commands(p)
     if p.scale is not None:
         cmds["scale"] = llm_commands(P.axis(p, out)[0], o)
+    if p.delays is not None:
+        cmds["delays"] = llm_commands(P.delay_axis(p, out)[0], o)
     return cmds
 
 
@@ -144,6 +146,8 @@ def parts_of(p: Preset) -> list:
         out.append(protocol.ablations)
     if p.scale is not None:
         out.append(protocol.scale)
+    if p.delays is not None:
+        out.append(delays.delays)
     return out
 
 
@@ -193,7 +197,8 @@ def runs_jsonl(p: Preset, out: Path) -> list[dict]:
         tokens = summary.get("tokens") if summary.get("tokens") is not None else (curve[-1][0] if curve else None)
         lines.append({
             "kind": "gpt", "optimizer": r.cell.optimizer, "mode": r.label, "sweep_mode": r.cell.mode,
-            "correction": cfg.delay.correction, "delay": cfg.delay.delay, "lr": r.cell.lr,
+            "correction": cfg.delay.correction, "delay": cfg.delay.delay, "delay_dist": cfg.delay.delay_dist,
+            "n_layer": r.base.get("n_layer"), "lr": r.cell.lr,
             "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": p.name,
             "variant": r.variant, "folder": r.folder, "params": params, "steps": cfg.run.steps,
             "batch_size": cfg.data.batch_size, "block_size": cfg.model.block_size,
@@ -338,6 +343,8 @@ def _part_table(part: dict) -> list[str]:
         return _ablation_tables(rows)
     if key == "scale":
         return _scale_tables(part)
+    if key == "delays":
+        return _delay_tables(part)
     if key == "toy":
         ts = rows[0]["T"]
         lines = _table(["problem", "method", "mode"] + [f"measured/bound T={t}" for t in ts]
@@ -436,6 +443,40 @@ def _scale_tables(part: dict) -> list[str]:
                     [[t["size"], t["quantity"], ", ".join(f"{r:g}: {_n(v, '.3g')}" for r, v in zip(t["ratios"], t["values"])),
                       (f"{_n(t['change']['delta'], '+.3g')} {_ci(t['change'], '+.3g')}").strip(), t["direction"],
                       _paper(t["paper"])] for t in part["trends"].values()])
+    return lines
+
+
+def _delay_tables(part: dict) -> list[str]:
+    lines = [f"Setup: {part['setup']}.", ""]
+    body = []
+    for r in part["rows"]:
+        lr = f"{r['lr']:g}" + (_cens(r["censored"]) if r["tuned"] else " (interpolated)")
+        body.append([r["setting"], f"{r['mean_delay']:g}", r["optimizer"], r["mode"], lr,
+                     f"{r['sync_lr']:g}{_cens(r['sync_censored'])}", str(r["gap"]["n"]), _gap_ci(r["gap"]),
+                     _rec(r.get("recovered")) if "recovered" in r else "-",
+                     _overhead(r.get("overhead")) if "overhead" in r else "not measured"])
+    lines += _table(["setting", "mean tau", "optimizer", "mode", "lr", "sync lr", "seeds", "gap (95% t)",
+                     "recovers (95% Fieller)", "iso-loss overhead"], body)
+    lines += ["", "Gap: the mode's final val loss minus sync's (at sync's best lr, on the setting's model), paired by "
+                  "seed. Recovers: 100 (1 - mean gap with the corrector / mean gap without), Fieller's 95% set "
+                  "(unbounded where the gap without is not resolved from 0). Iso-loss overhead: tokens the run needs "
+                  "to reach its seed's sync final loss over sync's tokens; a run that misses it is rerun longer "
+                  "(schedule stretched) and 'not reached at Nx' prints no number.", "",
+              "The theory beside the plain gap (delaylab theory axis; Muon: Theorem 1, AdamW: the stability limits "
+              "with a frozen preconditioner):", ""]
+    body = []
+    for t in part["theory_rows"]:
+        th = t["theory"]
+        if th is None:
+            text = "-"
+        elif th["kind"] == "lmo":
+            text = (f"penalty tau/lag {th['relative_penalty']:.3f}, bound x{th['bound_ratio']:.3f}, best eta "
+                    f"x{th['lr_shift']:.3f}, EF pays iff delta_bar < {th['ef_drift_limit']:.2f}")
+        else:
+            text = (f"stable eta*lambda {th['stable']:.3g} (sync {th['stable_sync']:.3g}, x{th['shrink']:.0f} "
+                    f"smaller), with EF {th['stable_ef']:.3g} (x{th['ef_gain']:.2f})")
+        body.append([t["optimizer"], t["setting"], f"{t['mean_delay']:g}", _gap_ci(t["gap"]), text, t["note"] or "-"])
+    lines += _table(["optimizer", "setting", "mean tau", "measured gap (95% t)", "theory", "note"], body)
     return lines
 
 

@@ -114,3 +114,24 @@ def toy_holds(runs) -> tuple[int, int]:
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         held += all(p["ci"][1] <= p["bound"] for p in r["points"]) and slope <= r["exponent"] + r["tolerance"]
     return held, len(toys)
+
+
+def delay_gap(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
+    """A delay-axis cell's gap: ``mode`` at its lr in the setting's folder (the best of its grid where
+    the setting was tuned, its one lr where not) minus sync at its best lr, per seed, with the t interval."""
+    variant = f"delays-{setting}"
+    sync_lr = best_lr(runs, optimizer, "sync", momentum, variant="delays-sync")
+    lr = best_lr(runs, optimizer, mode, momentum, variant=variant)
+    sync = by_seed(runs, optimizer=optimizer, mode="sync", lr=sync_lr, momentum=momentum, variant=sync_variant)
+    other = by_seed(runs, optimizer=optimizer, mode=mode, lr=lr, momentum=momentum, variant=variant)
+    per = {s: other[s] - sync[s] for s in sorted(set(sync) & set(other))}
+    return per, t_interval(list(per.values()))
+
+
+def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
+    """The share (%) of the plain gap ``mode`` recovers at a delay setting, and its Fieller interval."""
+    plain, _ = delay_gap(runs, optimizer, setting, "delayed", momentum, sync_variant)
+    fixed, _ = delay_gap(runs, optimizer, setting, mode, momentum, sync_variant)
+    seeds = sorted(set(plain) & set(fixed))
+    ratio, ci = fieller([fixed[s] for s in seeds], [plain[s] for s in seeds])
+    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
