@@ -143,11 +143,14 @@ def _setup(p: Preset) -> str:
     b = g.base
     settings = ", ".join(f"{s.name} ({'delay ' + ','.join(map(str, s.delay)) if isinstance(s.delay, tuple) else s.delay_dist or f'tau {s.delay}'}"
                          f"{', mean ' + format(s.mean_delay, 'g') if isinstance(s.delay, tuple) or s.delay_dist else ''}"
-                         f"{''.join(f', {k} {v}' for k, v in s.model.items())})" for s in g.settings)
+                         f"{''.join(f', {k} {v}' for k, v in s.model.items())}"
+                         f"{', ' + str(g.seeds_of(s)) + ' seeds' if g.seeds_of(s) != g.seeds else ''})"
+                         for s in g.settings)
     return (f"{b['preset']} GPT, {b['steps']} updates of {b['batch_size']} x {b['block_size']} tokens; settings: "
             f"{settings}; modes {', '.join(g.modes)}; sync's lr and every mode's tuned at "
             f"{', '.join(g.tuned)} ({g.scan_seeds}-seed grids, grown at an edge up to {g.lr_extend} steps per side), "
-            f"interpolated in log mean delay elsewhere (rounded to the factor-2 lr lattice); {g.seeds} seeds per cell; "
+            f"interpolated in log mean delay elsewhere (rounded to the factor-2 lr lattice); {g.seeds} seeds per cell "
+            f"where not stated; "
             f"iso-loss overhead of {', '.join(g.overhead_modes)} at {', '.join(g.overhead) or 'no setting'} on seeds "
             f"0..{g.overhead_seeds - 1}, runs up to {max((1, *g.overhead_lengths)):g}x as long")
 

@@ -529,7 +529,7 @@ def delay_lrs(p: Preset, out: Path) -> tuple[list[LLMRun], dict, bool]:
 
 
 def delay_cells(p: Preset, lrs: dict) -> dict[tuple, list[LLMRun]]:
-    """The reported cells decided so far (``seeds`` seeds each): ``(setting, opt, "sync")`` at the best
+    """The reported cells decided so far (the setting's seeds): ``(setting, opt, "sync")`` at the best
     sync lr (the setting's own model) and ``(setting, opt, mode)`` at the mode's lr."""
     g = p.delays
     cells = {}
@@ -537,12 +537,12 @@ def delay_cells(p: Preset, lrs: dict) -> dict[tuple, list[LLMRun]]:
         sync_lr = lrs["sync"][opt]["best"]["sync"]
         for s in g.settings:
             variant, base = delay_sync(p, s)
-            cells[(s.name, opt, "sync")] = _runs(variant, base, opt, sync_lr, g.momentum.get(opt), ("sync",), g.seeds)
+            n = g.seeds_of(s)
+            cells[(s.name, opt, "sync")] = _runs(variant, base, opt, sync_lr, g.momentum.get(opt), ("sync",), n)
             for mode in g.modes_of(s):
                 if (s.name, opt, mode) in lrs:
                     cells[(s.name, opt, mode)] = _runs(f"delays-{s.name}", delay_base(p, s), opt,
-                                                       lrs[(s.name, opt, mode)]["lr"], g.momentum.get(opt), (mode,),
-                                                       g.seeds)
+                                                       lrs[(s.name, opt, mode)]["lr"], g.momentum.get(opt), (mode,), n)
     return cells
 
 

@@ -124,13 +124,15 @@ class DelaySetting:
     ``len(delay) <= n_layer`` and gives stage 0 the embedding, the last stage the head) or a
     ``delay_dist`` (``uniform:LO-HI``, ``cycle:A,B,...``). ``model``: TrainConfig fields the
     setting changes besides the delay (``{"n_layer": 8}`` for eight stages); its sync runs are
-    then its own. ``modes``: the grid's modes where None."""
+    then its own. ``modes``: the grid's modes where None; ``seeds``: its cells' seeds where not the
+    grid's (a setting that is not a headline may have fewer, for time)."""
 
     name: str
     delay: int | tuple[int, ...] | None = None
     delay_dist: str | None = None
     model: dict = field(default_factory=dict)
     modes: tuple[str, ...] | None = None
+    seeds: int | None = None
 
     @property
     def mean_delay(self) -> float:
@@ -185,6 +187,8 @@ class DelayGrid:
             untuned = set(self.modes_of(s)) - tuned_modes
             if untuned:
                 raise ConfigError(f"delay setting {s.name}: mode {sorted(untuned)[0]} is tuned at no setting")
+        if any(self.seeds_of(s) < max(2, self.overhead_seeds if s.name in self.overhead else 0) for s in self.settings):
+            raise ConfigError("delay grid: every cell needs 2 seeds or more, and the overhead's seeds")
         if "delayed" not in self.modes:
             raise ConfigError("delay grid: the modes need 'delayed' (every recovery is a share of its gap)")
 
@@ -193,6 +197,9 @@ class DelayGrid:
 
     def modes_of(self, s: DelaySetting) -> tuple[str, ...]:
         return self.modes if s.modes is None else s.modes
+
+    def seeds_of(self, s: DelaySetting) -> int:
+        return self.seeds if s.seeds is None else s.seeds
 
 
 @dataclass(frozen=True)
@@ -246,12 +253,15 @@ _TOY_FULL = ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectra
 # The delay axis (issue 28): uniform tau, PipeDream's per-stage delays (stage s of P waits P-1-s
 # updates: delaylab.llm.pipeline.schedules; one block per stage, so P = 8 takes an 8-layer model, with
 # the 2BW delay on it as its comparison) and a random delay of mean 2, the mean of tau = 2.
+# The tuned settings (tau = 1 and 8) are the headline cells, 4 seeds; the others 3 (time: the preset was
+# sized on a shared machine, docs/beyond.md "Delay axis").
 _DELAY_SETTINGS = (
-    DelaySetting("tau-1", 1), DelaySetting("tau-2", 2), DelaySetting("tau-4", 4), DelaySetting("tau-8", 8),
-    DelaySetting("pipedream-4", (3, 2, 1, 0)),
-    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}),
-    DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",)),
-    DelaySetting("uniform-0-4", delay_dist="uniform:0-4"),
+    DelaySetting("tau-1", 1), DelaySetting("tau-2", 2, seeds=3), DelaySetting("tau-4", 4, seeds=3),
+    DelaySetting("tau-8", 8),
+    DelaySetting("pipedream-4", (3, 2, 1, 0), seeds=3),
+    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, seeds=3),
+    DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",), seeds=3),
+    DelaySetting("uniform-0-4", delay_dist="uniform:0-4", seeds=3),
 )
 
 PRESETS: dict[str, Preset] = {
@@ -351,8 +361,9 @@ PRESETS: dict[str, Preset] = {
                 "Muon x none / EF / weight prediction / EF + prediction at tau = 1, 2, 4, 8, PipeDream's per-stage "
                 "delays at P = 4 and 8 (P = 8 and its 2BW comparison on an 8-layer small GPT) and a random delay "
                 "uniform on {0..4} (mean 2); sync's lr and every mode's tuned at tau = 1 and 8 (3-seed grids "
-                "grown at an edge), interpolated in log tau elsewhere; 4 seeds per cell; iso-loss overhead of the "
-                "delayed runs at the uniform and random delays (2 seeds, runs up to 4x as long)",
+                "grown at an edge), interpolated in log tau elsewhere; 4 seeds per cell at tau = 1 and 8, 3 at the "
+                "other settings; iso-loss overhead of the delayed runs at tau = 1 and 8 (2 seeds, runs up to 4x as "
+                "long)",
         llm=None, schedules=None, toy=None,
         delays=DelayGrid(
             # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (check_protocol);
@@ -364,10 +375,10 @@ PRESETS: dict[str, Preset] = {
             momentum={"adamw": 0.9, "muon": 0.95},
             settings=_DELAY_SETTINGS, tuned=("tau-1", "tau-8"),
             seeds=4, scan_seeds=3, lr_extend=2,
-            overhead=("tau-1", "tau-2", "tau-4", "tau-8", "uniform-0-4"), overhead_seeds=2, overhead_lengths=(2, 4),
+            overhead=("tau-1", "tau-8"), overhead_seeds=2, overhead_lengths=(2, 4),
         ),
-        notes=("the iso-loss overhead is measured for the delayed runs (no corrector) of seeds 0 and 1 only, at the "
-               "uniform and random delays: time",),
+        notes=("sized for a shared machine: 3 seeds (not 4) at tau = 2, 4, PipeDream and the random delay, and the "
+               "iso-loss overhead of the delayed runs (no corrector) of seeds 0 and 1 at tau = 1 and 8 only",),
     ),
     "ci-delays": Preset(
         name="ci-delays",

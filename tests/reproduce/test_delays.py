@@ -86,7 +86,8 @@ def test_gaps_and_recoveries_recomputed_from_runs_jsonl(made):
         assert sync_variant == ("delays-sync" if not model else "delays-sync-nlayer3")
         per, (m, ci) = recompute.delay_gap(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
                                            sync_variant)
-        assert len(per) == row["gap"]["n"] == PRESETS["ci-delays"].delays.seeds
+        g = PRESETS["ci-delays"].delays
+        assert len(per) == row["gap"]["n"] == g.seeds_of(g.setting(row["setting"]))
         assert math.isclose(m, row["gap"]["mean"], abs_tol=1e-12)
         assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(ci, row["gap"]["ci"]))
         if "recovered" in row:
