@@ -1,4 +1,4 @@
-"""Part 9 of the report: the delay axis (issue 28), read from the runs of :func:`delaylab.reproduce.plan.delay_axis`.
+"""Part 9 of the report: the delay axis (issue 28), from the runs of :func:`delaylab.reproduce.plan.delay_axis`.
 
 At every delay setting (uniform tau, PipeDream's per-stage delays, a random delay) and for each
 optimizer and mode (none, EF, weight prediction, EF + prediction, each at its own lr):
@@ -41,7 +41,7 @@ def _losses(rows: list[dict]) -> dict[int, float | None]:
 
 def _gap_values(sync: dict, other: dict) -> list:
     """Per seed ``other - sync`` over the seeds both have, in seed order (None where one diverged)."""
-    return [None if sync[s] is None or other[s] is None else other[s] - sync[s] for s in sorted(set(sync) & set(other))]
+    return list(_gap_map(sync, other).values())
 
 
 def _gap_map(sync: dict, other: dict) -> dict[int, float | None]:
@@ -99,9 +99,11 @@ def delays(p: Preset, out: Path) -> dict:
                 if mode != "delayed" and "delayed" in g.modes_of(s):
                     rec = metrics.recovery(sync, data[(s.name, opt, "delayed")], mine)
                     row["recovered"] = {k: rec[k] for k in ("ratio_of_means", "ci", "set", "unstable", "n", "values")}
-                per = [plans[(s.name, opt, mode, k)] for k in range(g.overhead_seeds) if (s.name, opt, mode, k) in plans]
+                per = [plans[(s.name, opt, mode, k)] for k in range(g.overhead_seeds)
+                       if (s.name, opt, mode, k) in plans]
                 if per:
-                    o = metrics.overhead_over_seeds([x["overhead"] for x in per], max_length=max((1, *g.overhead_lengths)))
+                    o = metrics.overhead_over_seeds([x["overhead"] for x in per],
+                                                    max_length=max((1, *g.overhead_lengths)))
                     o["lengths"] = [x["length"] for x in per]
                     o["runs"] = [[r.folder for r in x["runs"]] for x in per]
                     row["overhead"] = o
@@ -138,20 +140,24 @@ def delays(p: Preset, out: Path) -> dict:
             "theory_numbers": numbers, "headline": headline, **part_states(verdicts, numbers)}
 
 
+def _setting_text(g, s) -> str:
+    what = ("delay " + ",".join(map(str, s.delay)) if isinstance(s.delay, tuple)
+            else s.delay_dist if s.delay_dist else f"tau {s.delay}")
+    extra = [] if isinstance(s.delay, int) else [f"mean {s.mean_delay:g}"]
+    extra += [f"{k} {v}" for k, v in s.model.items()]
+    extra += [f"{g.seeds_of(s)} seeds"] if g.seeds_of(s) != g.seeds else []
+    return f"{s.name} ({', '.join([what, *extra])})"
+
+
 def _setup(p: Preset) -> str:
     g = p.delays
     b = g.base
-    settings = ", ".join(f"{s.name} ({'delay ' + ','.join(map(str, s.delay)) if isinstance(s.delay, tuple) else s.delay_dist or f'tau {s.delay}'}"
-                         f"{', mean ' + format(s.mean_delay, 'g') if isinstance(s.delay, tuple) or s.delay_dist else ''}"
-                         f"{''.join(f', {k} {v}' for k, v in s.model.items())}"
-                         f"{', ' + str(g.seeds_of(s)) + ' seeds' if g.seeds_of(s) != g.seeds else ''})"
-                         for s in g.settings)
     return (f"{b['preset']} GPT, {b['steps']} updates of {b['batch_size']} x {b['block_size']} tokens; settings: "
-            f"{settings}; modes {', '.join(g.modes)}; sync's lr and every mode's tuned at "
-            f"{', '.join(g.tuned)} ({g.scan_seeds}-seed grids, grown at an edge up to {g.lr_extend} steps per side), "
-            f"interpolated in log mean delay elsewhere (rounded to the factor-2 lr lattice); {g.seeds} seeds per cell "
-            f"where not stated; "
-            f"iso-loss overhead of {', '.join(g.overhead_modes)} at {', '.join(g.overhead) or 'no setting'} on seeds "
+            f"{', '.join(_setting_text(g, s) for s in g.settings)}; modes {', '.join(g.modes)}; sync's lr and "
+            f"every mode's tuned at {', '.join(g.tuned)} ({g.scan_seeds}-seed grids, grown at an edge up to "
+            f"{g.lr_extend} steps per side), interpolated in log mean delay elsewhere (rounded to the factor-2 lr "
+            f"lattice); {g.seeds} seeds per cell where not stated; iso-loss overhead of "
+            f"{', '.join(g.overhead_modes)} at {', '.join(g.overhead) or 'no setting'} on seeds "
             f"0..{g.overhead_seeds - 1}, runs up to {max((1, *g.overhead_lengths)):g}x as long")
 
 
@@ -169,7 +175,8 @@ def _schedule_verdicts(p: Preset, by: dict, data: dict) -> list[dict]:
             diff = stats(_gap_values(data[(ref.name, opt, "delayed")], data[(s.name, opt, "delayed")]))
             depth = len(s.delay)
             issues = by[(s.name, opt, "delayed")]["issues"] + by[(ref.name, opt, "delayed")]["issues"]
-            measured = f"PipeDream - 2BW = {_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds ({ref.name} vs {s.name})"
+            measured = (f"PipeDream - 2BW = {_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds "
+                        f"({ref.name} vs {s.name})")
             if depth >= 4:
                 sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", diff["ci"], (0, None), 0.0, issues=issues,
                              measured=diff["mean"])

@@ -570,7 +570,8 @@ def delay_axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
     runs += [r for rs in cells.values() for r in rs]
     overhead = delay_overhead(p, out, cells)
     runs += [r for o in overhead.values() for r in o["runs"]]
-    finished = done and all(read_summary(out, r) is not None for r in runs) and all(o["done"] for o in overhead.values())
+    finished = (done and all(read_summary(out, r) is not None for r in runs)
+                and all(o["done"] for o in overhead.values()))
     return runs, ({"lrs": lrs, "cells": cells, "overhead": overhead} if finished else None)
 
 

@@ -253,13 +253,15 @@ _TOY_FULL = ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectra
 # The delay axis (issue 28): uniform tau, PipeDream's per-stage delays (stage s of P waits P-1-s
 # updates: delaylab.llm.pipeline.schedules; one block per stage, so P = 8 takes an 8-layer model, with
 # the 2BW delay on it as its comparison) and a random delay of mean 2, the mean of tau = 2.
-# The tuned settings (tau = 1 and 8) are the headline cells, 4 seeds; the others 3 (time: the preset was
-# sized on a shared machine, docs/beyond.md "Delay axis").
+# The tuned settings (tau = 1 and 8) are the headline cells, 4 seeds; the others 3, and P = 8 (twice the
+# layers, twice the time) without the single correctors (time: the preset was sized on a shared machine,
+# docs/beyond.md "Delay axis").
 _DELAY_SETTINGS = (
     DelaySetting("tau-1", 1), DelaySetting("tau-2", 2, seeds=3), DelaySetting("tau-4", 4, seeds=3),
     DelaySetting("tau-8", 8),
     DelaySetting("pipedream-4", (3, 2, 1, 0), seeds=3),
-    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, seeds=3),
+    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, modes=("delayed", "ef+predict"),
+                 seeds=3),
     DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",), seeds=3),
     DelaySetting("uniform-0-4", delay_dist="uniform:0-4", seeds=3),
 )
@@ -360,7 +362,7 @@ PRESETS: dict[str, Preset] = {
         summary="the delay axis: the small GPT (4 layers, d=128, context 64), 220 updates of 8 sequences, AdamW and "
                 "Muon x none / EF / weight prediction / EF + prediction at tau = 1, 2, 4, 8, PipeDream's per-stage "
                 "delays at P = 4 and 8 (P = 8 and its 2BW comparison on an 8-layer small GPT) and a random delay "
-                "uniform on {0..4} (mean 2); sync's lr and every mode's tuned at tau = 1 and 8 (3-seed grids "
+                "uniform on {0..4} (mean 2); sync's lr and every mode's tuned at tau = 1 and 8 (2-seed grids "
                 "grown at an edge), interpolated in log tau elsewhere; 4 seeds per cell at tau = 1 and 8, 3 at the "
                 "other settings; iso-loss overhead of the delayed runs at tau = 1 and 8 (2 seeds, runs up to 4x as "
                 "long)",
@@ -374,11 +376,12 @@ PRESETS: dict[str, Preset] = {
             lrs={"adamw": (5e-4, 1e-3, 2e-3), "muon": (0.01, 0.02, 0.04)},
             momentum={"adamw": 0.9, "muon": 0.95},
             settings=_DELAY_SETTINGS, tuned=("tau-1", "tau-8"),
-            seeds=4, scan_seeds=3, lr_extend=2,
+            seeds=4, scan_seeds=2, lr_extend=2,
             overhead=("tau-1", "tau-8"), overhead_seeds=2, overhead_lengths=(2, 4),
         ),
-        notes=("sized for a shared machine: 3 seeds (not 4) at tau = 2, 4, PipeDream and the random delay, and the "
-               "iso-loss overhead of the delayed runs (no corrector) of seeds 0 and 1 at tau = 1 and 8 only",),
+        notes=("sized for a shared machine (2 cores at load 7-8): lr grids decided on 2 seeds, 3 seeds (not 4) at "
+               "tau = 2, 4, PipeDream and the random delay, P = 8 without the single correctors, and the iso-loss "
+               "overhead of the delayed runs (no corrector) of seeds 0 and 1 at tau = 1 and 8 only",),
     ),
     "ci-delays": Preset(
         name="ci-delays",

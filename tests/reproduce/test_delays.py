@@ -78,6 +78,7 @@ def test_every_mode_and_setting_ran_as_planned(made):
 def test_gaps_and_recoveries_recomputed_from_runs_jsonl(made):
     out, rep = made
     runs = recompute.load(out / "runs.jsonl")
+    assert len({r["folder"] for r in runs}) == len(runs) == len(list(out.glob("llm/*/cells/*/summary.json")))
     part = _part(rep)
     checked = 0
     for row in part["rows"]:
