@@ -103,13 +103,13 @@ def mode_of(c: dict) -> str:
     return "sync" if s["mode"] == "sync" else ("ef" if s["correction"] == "ef" else "delayed")
 
 
-def imbalance_curve(c: dict) -> list[tuple[int, float]]:
-    return [(m["step"], float(np.mean(m["moe_imbalance"]))) for m in c["metrics"] if "moe_imbalance" in m]
+def imbalance_curve(c: dict, key: str = "moe_imbalance") -> list[tuple[int, float]]:
+    return [(m["step"], float(np.mean(m[key]))) for m in c["metrics"] if key in m]
 
 
 def analyse(runs: Path) -> dict:
     out = {"models": {}, "scan": {}}
-    for key in MODELS:
+    for key in (k for k in MODELS if (runs / k / "cells").is_dir()):
         cells = read_cells(runs / key)
         total, active = active_params(cells[0]["config"])
         out["models"][key] = {"total": total, "active": active, "rows": {}}
@@ -138,6 +138,8 @@ def analyse(runs: Path) -> dict:
                     half = len(steps) // 2
                     late[m] = np.array([np.mean([v for _, v in cv[half:]]) for cv in curves])
                     row[f"imbalance_late_{m}"] = late[m].tolist()
+                    row[f"dropped_late_{m}"] = [float(np.mean([v for _, v in imbalance_curve(by[m][s], "moe_dropped")[half:]]))
+                                                for s in seeds]
                 diff = late["delayed"] - late["sync"]
                 row["imbalance_late_delayed_minus_sync"] = {"mean": float(diff.mean()), "ci": t_interval(diff)}
                 diff = late["ef"] - late["sync"]
@@ -145,8 +147,8 @@ def analyse(runs: Path) -> dict:
             out["models"][key]["rows"][opt] = row
     comps = {}
     for opt in ("adamw", "muon"):
-        g = {k: np.array(out["models"][k]["rows"][opt]["gap"]) for k in MODELS}
-        for other in ("dense_h256", "dense_h1024"):
+        g = {k: np.array(out["models"][k]["rows"][opt]["gap"]) for k in out["models"]}
+        for other in (k for k in ("dense_h256", "dense_h1024") if k in g):
             comps[f"{opt}: MoE - {SHORT[other]}"] = {"mean": float(g["moe_e4k1_h256"].mean() - g[other].mean()),
                                                     "ci": welch(g["moe_e4k1_h256"], g[other])}
     out["gap_differences"] = comps
@@ -164,7 +166,7 @@ def resolved(ci) -> str:
 def markdown(a: dict) -> str:
     lines = ["| model (total / active params) | optimizer | lr | sync | delayed | delayed + EF | gap [95% t] | "
              "EF recovers [95% Fieller] |", "|---|---|---|---|---|---|---|---|"]
-    for key, label in MODELS.items():
+    for key in a["models"]:
         m = a["models"][key]
         for opt, r in m["rows"].items():
             name = {"adamw": "AdamW", "muon": "Muon"}[opt]
@@ -178,12 +180,14 @@ def markdown(a: dict) -> str:
         lines.append(f"| {name} | {d['mean']:+.3f} | {fmt_ci(d['ci'])} | {resolved(d['ci'])} |")
     rows = a["models"]["moe_e4k1_h256"]["rows"]
     lines += ["", "| router imbalance E max_e f_e (1 = balanced, 4 = all on one expert), mean of the last half of "
-              "training | sync | delayed | EF | delayed - sync [95% t, paired] | EF - sync |", "|---|---|---|---|---|---|"]
+              "training | sync | delayed | EF | delayed - sync [95% t, paired] | EF - sync | share dropped over "
+              "capacity: sync / delayed / EF |", "|---|---|---|---|---|---|---|"]
     for opt, r in rows.items():
         d, e = r["imbalance_late_delayed_minus_sync"], r["imbalance_late_ef_minus_sync"]
         lines.append(f"| {opt} | {np.mean(r['imbalance_late_sync']):.3f} | {np.mean(r['imbalance_late_delayed']):.3f} | "
                      f"{np.mean(r['imbalance_late_ef']):.3f} | {d['mean']:+.3f} {fmt_ci(d['ci'])} | "
-                     f"{e['mean']:+.3f} {fmt_ci(e['ci'])} |")
+                     f"{e['mean']:+.3f} {fmt_ci(e['ci'])} | "
+                     + " / ".join(f"{100 * np.mean(r[f'dropped_late_{m}']):.0f}%" for m in MODES) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -195,7 +199,7 @@ def figure(a: dict, path: Path) -> None:
 
     fig, (left, mid, right) = plt.subplots(1, 3, figsize=(15, 4))
     width = 0.25
-    for i, key in enumerate(MODELS):
+    for i, key in enumerate(a["models"]):
         for j, opt in enumerate(("adamw", "muon")):
             r = a["models"][key]["rows"][opt]
             x = j + (i - 1) * width
@@ -231,7 +235,7 @@ def runs_jsonl(runs: Path, path: Path) -> int:
             total, active = active_params(cfg)
             curve = [[m["tokens"], m["val_loss"]] for m in c["metrics"] if "val_loss" in m]
             lines.append(json.dumps({
-                "optimizer": s["optimizer"], "mode": mode_of(c), "correction": s["correction"], "delay": s["delay"],
+                "optimizer": s["optimizer"], "mode": s["mode"], "correction": s["correction"], "delay": s["delay"],
                 "lr": s["lr"], "momentum": s["momentum"], "seed": s["seed"], "preset": s["preset"], "model": key,
                 "mlp_hidden": cfg["model"]["mlp_hidden"], "moe_experts": cfg["model"]["moe_experts"],
                 "moe_top_k": cfg["model"]["moe_top_k"], "params": total, "active_params": active,
