@@ -56,6 +56,8 @@ class BareLoop:
     def step(self) -> None:
         x, y = self.data.batch(self.calls, self.cfg.batch_size, self.model.config.block_size, self.cfg.seed)
         with autocast(self.device):
+            if self.device.type == "cuda":
+                x, y = x.pin_memory(), y.pin_memory()
             loss = self.model(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))[1]
         loss.backward()
         self.opt.step()

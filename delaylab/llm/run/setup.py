@@ -88,6 +88,8 @@ class Setup:
         D = self.cfg.parallel.dp
         if D > 1:
             x, y = replica_rows(x, self.replica, D), replica_rows(y, self.replica, D)
+        if self.device.type == "cuda":  # from pinned memory the copy is asynchronous (pageable memory may wait)
+            x, y = x.pin_memory(), y.pin_memory()
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def tokens(self, steps: int) -> int:
