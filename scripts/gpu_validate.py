@@ -400,6 +400,9 @@ def _launch(name: str, ctx_file: Path, limit: float, env: dict) -> tuple[str, fl
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         status = f"killed at its {limit:.0f} s limit"
+    except BaseException:  # the driver itself stopped: the phase (and the ranks it started) too
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     return status, time.perf_counter() - t0
 
 
@@ -476,24 +479,10 @@ def _render_phase(name: str, data: dict) -> list[str]:
                                                    if len(data) > 2 else []) + [""]
 
 
-def drive(out: Path, dry: bool, keep: bool, want_pip: bool) -> int:
-    out.mkdir(parents=True, exist_ok=True)
-    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    if missing and want_pip:
-        _pip([m for m in missing if m != "torch"])
-        missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    if missing:
-        print(f"gpu_validate: missing {', '.join(missing)} (install them, or PIP=1)", file=sys.stderr)
-        return 2
+def _run_phases(out: Path, work: Path, dry: bool, gpus: int, want_pip: bool) -> dict:
+    """Each phase in its own process, the records rewritten after each; returns the record."""
     import torch
 
-    gpus = 0 if dry else torch.cuda.device_count()
-    if not dry and gpus < 1:
-        print("gpu_validate: no CUDA device (DRY=1 runs the plan on the CPU)", file=sys.stderr)
-        return 2
-    if want_pip:
-        _pip([m.replace("_", "-") for m in OPTIONAL if importlib.util.find_spec(m) is None])
-    work = Path(tempfile.mkdtemp(prefix="delaylab-gpu-"))
     data, corpus = _corpus(work, want_pip)
     ctx = {"out": str(out.resolve()), "work": str(work), "device": settings(dry)["device"], "sizes": settings(dry),
            "data": data, "corpus": corpus, "threads": 1 if dry else 4,
@@ -529,8 +518,33 @@ def drive(out: Path, dry: bool, keep: bool, want_pip: bool) -> int:
         except Exception:  # a record that does not render still has its JSON
             text = f"# Device run {record['date']}\n\nrendering failed:\n\n```\n{traceback.format_exc()}```\n"
         (out / "record.md").write_text(text)
-    if not keep:
-        shutil.rmtree(work, ignore_errors=True)
+    return record
+
+
+def drive(out: Path, dry: bool, keep: bool, want_pip: bool) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    if missing and want_pip:
+        _pip([m for m in missing if m != "torch"])
+        missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"gpu_validate: missing {', '.join(missing)} (install them, or PIP=1)", file=sys.stderr)
+        return 2
+    import torch
+
+    gpus = 0 if dry else torch.cuda.device_count()
+    if not dry and gpus < 1:
+        print("gpu_validate: no CUDA device (DRY=1 runs the plan on the CPU)", file=sys.stderr)
+        return 2
+    if want_pip:
+        _pip([m.replace("_", "-") for m in OPTIONAL if importlib.util.find_spec(m) is None])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the temporary folder
+    work = Path(tempfile.mkdtemp(prefix="delaylab-gpu-"))
+    try:
+        record = _run_phases(out, work, dry, gpus, want_pip)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
     print(f"gpu_validate: done in {record['seconds']:.0f} s; records in {out}")
     return 0 if all(p["status"] == "ok" or p["status"].startswith("skipped") for p in record["phases"].values()) else 1
 

