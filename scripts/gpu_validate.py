@@ -156,7 +156,8 @@ def phase_env(ctx: dict, rec: Phase) -> None:
     from trainer_throughput import matmul_tflops
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "cpu_cores": os.cpu_count(), "platform": platform.platform(),
@@ -187,8 +188,8 @@ def phase_smoke(ctx: dict, rec: Phase) -> None:
             continue
         t0 = time.perf_counter()
         try:
-            cfg = Config.from_dict(_base(ctx, sz, steps=sz["steps"], eval_every=sz["steps"], log_every=sz["steps"],
-                                         ckpt_every=0, **case))
+            n = sz["steps"]
+            cfg = Config.from_dict(_base(ctx, sz, steps=n, eval_every=n, log_every=n, ckpt_every=0, **case))
             s = train(cfg)
             ok = all(math.isfinite(s[k]) for k in ("val_loss", "train_loss"))
             rec.add({"run": name, "status": "ok" if ok else "not finite", "val_loss": s["val_loss"],
@@ -219,7 +220,7 @@ def phase_resume(ctx: dict, rec: Phase) -> None:
     diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     lines = [[{k: v for k, v in json.loads(x).items() if k != "time"} for x in
               (work / d / "metrics.jsonl").read_text().splitlines()] for d in ("resume-full", "resume-part")]
-    rec.add({"check": "stop at update %d and resume == the full run (--deterministic, dropout 0.1)" % sz["stop"],
+    rec.add({"check": f"stop at update {sz['stop']} and resume == the full run (--deterministic, dropout 0.1)",
              "bit_for_bit": all(torch.equal(a[k], b[k]) for k in a), "max_abs_diff": diff,
              "val_loss": [full["val_loss"], resumed["val_loss"]], "metrics_equal": lines[0] == lines[1],
              "torch_deterministic": torch.are_deterministic_algorithms_enabled(),
@@ -253,8 +254,9 @@ def _throughput(ctx: dict, rec: Phase, name: str) -> None:
     rec.set(preset=sz["preset"], batch_size=sz["batch_size"], block_size=sz["block_size"])
     for compiled in (False, True):
         t0 = time.perf_counter()
-        argv = ["--preset", sz["preset"], "--batch-size", str(sz["batch_size"]), "--block-size", str(sz["block_size"]),
-                "--steps", str(sz["steps"]), "--chunk", str(sz["chunk"]), "--device", ctx["device"],
+        argv = ["--preset", sz["preset"], "--batch-size", str(sz["batch_size"]),
+                "--block-size", str(sz["block_size"]), "--steps", str(sz["steps"]), "--chunk", str(sz["chunk"]),
+                "--device", ctx["device"],
                 "--data", ctx["data"], "--ef-bf16", "--threads", str(ctx["threads"])]
         if "overhead_steps" in sz:
             argv += ["--overhead-steps", str(sz["overhead_steps"])]
@@ -277,7 +279,8 @@ def phase_gap_360m(ctx: dict, rec: Phase) -> None:
     sz, work = ctx["sizes"]["gap-360m"], Path(ctx["work"])
     rec.set(preset=sz["preset"], batch_size=sz["batch_size"], block_size=sz["block_size"], steps=sz["steps"],
             seeds=[0], note="one seed: differences have no interval here")
-    for run, kw in (("sync", dict(delay=0)), ("delay 1", dict(delay=1)), ("delay 1 + EF", dict(delay=1, correction="ef"))):
+    runs = (("sync", dict(delay=0)), ("delay 1", dict(delay=1)), ("delay 1 + EF", dict(delay=1, correction="ef")))
+    for run, kw in runs:
         t0 = time.perf_counter()
         cfg = Config.from_dict(_base(ctx, sz, optimizer="adamw", steps=sz["steps"], eval_every=sz["eval_every"],
                                      eval_batches=sz["eval_batches"], log_every=sz["log_every"], ckpt_every=0,
@@ -302,8 +305,8 @@ def phase_ddp(ctx: dict, rec: Phase) -> None:
     for d in (2, 1):
         t0 = time.perf_counter()
         s = train_replicas(cfg.replace(dp=2), work / "ddp-2") if d == 2 else train(cfg, work / "ddp-1")
-        rec.add({"dp": d, "val_loss": s["val_loss"], "train_loss": s["train_loss"], "tokens_per_s": s["tokens_per_s"],
-                 "mfu": s["mfu"], "seconds": time.perf_counter() - t0})
+        rec.add({"dp": d, **{k: s[k] for k in ("val_loss", "train_loss", "tokens_per_s", "mfu")},
+                 "seconds": time.perf_counter() - t0})
 
 
 def phase_pipeline(ctx: dict, rec: Phase) -> None:
@@ -318,9 +321,8 @@ def phase_pipeline(ctx: dict, rec: Phase) -> None:
             for sched in ("2bw", "1f1b")]
     t0 = time.perf_counter()
     for (cfg, _), s in zip(jobs, run_jobs(jobs)):
-        rec.add({"schedule": cfg.parallel.schedule, "stages": P, "microbatches": M, "backend": s["backend"],
-                 "seconds_per_batch": s["seconds_per_batch"], "bubble": s["bubble"], "tokens_per_s": s["tokens_per_s"],
-                 "mfu": s["mfu"], "val_loss": s["val_loss"]})
+        rec.add({"schedule": cfg.parallel.schedule, "stages": P, "microbatches": M,
+                 **{k: s[k] for k in ("backend", "seconds_per_batch", "bubble", "tokens_per_s", "mfu", "val_loss")}})
     items = rec.data["items"]
     rec.set(speedup_2bw_over_1f1b=items[1]["seconds_per_batch"] / items[0]["seconds_per_batch"],
             ideal=(M + P - 1) / M, seconds=time.perf_counter() - t0)
@@ -416,8 +418,8 @@ def render(record: dict) -> str:
         lines.append(f"| {name} | {ph['status']} | {_f(ph.get('seconds'), '.0f')} | {ph['limit']:.0f} | "
                      f"{_f(record['estimate'].get(name), '.0f')} |")
     a = ASSUMED
-    lines += ["", f"Estimate: FLOPs per token x tokens / ({a['peak_tflops']} TFLOPS x MFU {a['mfu']}) + {a['tiny_run_s']} s "
-              f"per tiny run + {a['build_s']} s per model build + {a['compile_s']} s per compiled preset + "
+    lines += ["", f"Estimate: FLOPs per token x tokens / ({a['peak_tflops']} TFLOPS x MFU {a['mfu']}) "
+              f"+ {a['tiny_run_s']} s per tiny run + {a['build_s']} s per model build + {a['compile_s']} s per compiled preset + "
               f"{a['process_s']} s per phase process.", ""]
     for name, ph in record["phases"].items():
         data = ph.get("data") or {}
@@ -440,24 +442,29 @@ def _render_phase(name: str, data: dict) -> list[str]:
                       f"table's {_f(i['peak_tflops'], '.1f')})" for i in items] + [""]
     if name == "smoke":
         bad = [i for i in items if i["status"] != "ok"]
-        return [f"{len(items) - len(bad)} of {len(items)} runs ok."] + [f"- {i['run']}: {i['status']}" for i in bad] + [""]
+        return ([f"{len(items) - len(bad)} of {len(items)} runs ok."] + [f"- {i['run']}: {i['status']}" for i in bad]
+                + [""])
     if name == "resume":
         return [f"- {json.dumps(i)}" for i in items] + [""]
     if name.startswith("throughput"):
-        out = [f"{data.get('preset')} at {data.get('batch_size')} x {data.get('block_size')} tokens per step.", "",
+        out = [f"{data.get('preset')} at {data.get('batch_size')} x {data.get('block_size')} tokens per step.",
+               "",
                "| compile | variant | tokens/s | MFU | warm-up s |", "|---|---|---|---|---|"]
         for i in items:
             for v, r in i["tokens_per_s"].items():
-                out.append(f"| {i['compile']} | {v} | {r:.0f} | {_f(i['mfu'][v], '.1%')} | {i['warmup_s'][v]:.1f} |")
+                out.append(f"| {i['compile']} | {v} | {r:.0f} | {_f(i['mfu'][v], '.1%')} | "
+                           f"{i['warmup_s'][v]:.1f} |")
         for i in items:
             out.append("")
             out.append(f"compile {i['compile']}: " + ", ".join(f"{k} {v:.3f}" for k, v in i["ratios"].items())
-                       + f"; FLOPs/token {i['flops_per_token']:.4g}; peak {_f(i['peak_tflops'], '.3g')} TFLOPS ({i['peak']}).")
+                       + f"; FLOPs/token {i['flops_per_token']:.4g}; "
+                         f"peak {_f(i['peak_tflops'], '.3g')} TFLOPS ({i['peak']}).")
         if name == "throughput-360m" and items and items[-1]["compile"]:
             i = items[-1]
             out.append("")
-            out.append(f"Targets (360m bf16, --compile): MFU {_f(i['mfu']['sync'], '.1%')} (>= 40%), delayed/sync "
-                       f"{i['ratios']['delayed/sync']:.3f} (>= 0.98), EF/sync {i['ratios']['ef/sync']:.3f} (>= 0.97).")
+            r = i["ratios"]
+            out.append(f"Targets (360m bf16, --compile): MFU {_f(i['mfu']['sync'], '.1%')} (>= 40%), "
+                       f"delayed/sync {r['delayed/sync']:.3f} (>= 0.98), EF/sync {r['ef/sync']:.3f} (>= 0.97).")
         return out + [""]
     if name == "gap-360m":
         out = [f"{data.get('preset')}, AdamW, {data.get('steps')} updates of {data.get('batch_size')} x "
@@ -475,8 +482,8 @@ def _render_phase(name: str, data: dict) -> list[str]:
                                         + (f"/{c['val_loss']:.3f}" if c.get("val_loss") is not None else "")
                                         for c in i["curve"]) for i in items)]
         return out + [""]
-    return [f"- {json.dumps(i)}" for i in items] + ([f"- {json.dumps({k: v for k, v in data.items() if k not in ('items', 'phase')})}"]
-                                                   if len(data) > 2 else []) + [""]
+    rest = {k: v for k, v in data.items() if k not in ("items", "phase")}
+    return [f"- {json.dumps(i)}" for i in items] + ([f"- {json.dumps(rest)}"] if rest else []) + [""]
 
 
 def _run_phases(out: Path, work: Path, dry: bool, gpus: int, want_pip: bool) -> dict:
@@ -484,13 +491,14 @@ def _run_phases(out: Path, work: Path, dry: bool, gpus: int, want_pip: bool) -> 
     import torch
 
     data, corpus = _corpus(work, want_pip)
-    ctx = {"out": str(out.resolve()), "work": str(work), "device": settings(dry)["device"], "sizes": settings(dry),
-           "data": data, "corpus": corpus, "threads": 1 if dry else 4,
+    ctx = {"out": str(out.resolve()), "work": str(work), "device": settings(dry)["device"],
+           "sizes": settings(dry), "data": data, "corpus": corpus, "threads": 1 if dry else 4,
            "optional": {m: importlib.util.find_spec(m) is not None for m in OPTIONAL}}
     ctx_file = work / "context.json"
     ctx_file.write_text(json.dumps(ctx))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "DELAYLAB_CACHE": str(work / "cache"), "MPLBACKEND": "Agg", "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path, "DELAYLAB_CACHE": str(work / "cache"), "MPLBACKEND": "Agg",
+           "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     if dry:
         env.update(OMP_NUM_THREADS="1", DELAYLAB_COMPILE_BACKEND="aot_eager")
     name = "cpu (dry run)" if dry else torch.cuda.get_device_name(0)
@@ -510,7 +518,8 @@ def _run_phases(out: Path, work: Path, dry: bool, gpus: int, want_pip: bool) -> 
             data_ = json.loads(path.read_text()) if path.is_file() else {}
             if status == "ok" and data_.get("error"):
                 status = "failed"
-            record["phases"][phase] = {"status": status, "seconds": round(seconds, 1), "limit": limit, "data": data_}
+            record["phases"][phase] = {"status": status, "seconds": round(seconds, 1), "limit": limit,
+                                       "data": data_}
         record["seconds"] = round(time.perf_counter() - start, 1)
         (out / "record.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
         try:
@@ -522,7 +531,6 @@ def _run_phases(out: Path, work: Path, dry: bool, gpus: int, want_pip: bool) -> 
 
 
 def drive(out: Path, dry: bool, keep: bool, want_pip: bool) -> int:
-    out.mkdir(parents=True, exist_ok=True)
     missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
     if missing and want_pip:
         _pip([m for m in missing if m != "torch"])
@@ -538,6 +546,7 @@ def drive(out: Path, dry: bool, keep: bool, want_pip: bool) -> int:
         return 2
     if want_pip:
         _pip([m.replace("_", "-") for m in OPTIONAL if importlib.util.find_spec(m) is None])
+    out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the temporary folder
     work = Path(tempfile.mkdtemp(prefix="delaylab-gpu-"))
     try:
@@ -546,7 +555,8 @@ def drive(out: Path, dry: bool, keep: bool, want_pip: bool) -> int:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     print(f"gpu_validate: done in {record['seconds']:.0f} s; records in {out}")
-    return 0 if all(p["status"] == "ok" or p["status"].startswith("skipped") for p in record["phases"].values()) else 1
+    done = [p["status"] == "ok" or p["status"].startswith("skipped") for p in record["phases"].values()]
+    return 0 if all(done) else 1
 
 
 def main(argv=None) -> int:
@@ -563,7 +573,8 @@ def main(argv=None) -> int:
     if args.plan:
         est = estimate(dry)
         for name, (limit, need) in PHASES.items():
-            print(f"{name:<16} limit {limit:>4} s  estimate {est[name]:>6.1f} s  ({need} GPU{'s' if need > 1 else ''})")
+            gpus = f"{need} GPU{'s' if need > 1 else ''}"
+            print(f"{name:<16} limit {limit:>4} s  estimate {est[name]:>6.1f} s  ({gpus})")
         print(f"one GPU: limits {sum(v[0] for v in PHASES.values() if v[1] == 1)} s, estimate "
               f"{sum(est[k] for k, v in PHASES.items() if v[1] == 1):.0f} s; assumptions {ASSUMED}")
         return 0

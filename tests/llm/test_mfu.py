@@ -73,3 +73,15 @@ def test_the_summary_reports_steady_tokens_per_s_and_mfu(quick, corpus):
     assert 0 < s["mfu"] < 1
     plain = train(quick(steps=10), dataset=corpus)
     assert plain["peak_tflops"] is None and plain["mfu"] is None and plain["tokens_per_s"] > 0  # the CPU
+
+
+def test_the_timing_is_fenced_by_device_synchronizations(quick, corpus, monkeypatch):
+    """tokens/s on a GPU needs a synchronize where the clock starts (after the warm-up), around each
+    pause (validation, checkpoint) and where it stops; the CPU's synchronize is recorded here."""
+    from delaylab.llm.run import trainer as trainer_module
+
+    events = []
+    monkeypatch.setattr(trainer_module.Trainer, "synchronize", lambda self: events.append(self.updates))
+    train(quick(steps=10, eval_every=5, log_every=5, ckpt_every=0), dataset=corpus)
+    # the clock starts after update 3; validation at 5 and 10 is fenced on both sides; the stop at 10
+    assert events == [3, 5, 5, 10, 10, 10]
