@@ -52,7 +52,7 @@ def test_a_training_call_reads_nothing_from_the_device(quick, corpus, monkeypatc
     assert trainer.updates == 4 - max(trainer.opt.delays)
     assert seen and all(d.type == "meta" for d, _ in seen)
     with pytest.raises((RuntimeError, NotImplementedError)):  # the check has teeth: a host read fails here
-        float(next(trainer.model.parameters()).sum())
+        float(next(trainer.model.parameters()).detach().sum())
 
 
 def test_validation_and_the_weight_check_hand_the_collective_a_device_tensor(quick, corpus, monkeypatch):
