@@ -132,19 +132,27 @@ class RunConfig:
     eval_every: int = _f(50, "updates between validations (simulator)")
     eval_batches: int = _f(16, "fixed validation batches")
     log_every: int = _f(10, "updates between metrics.jsonl lines")
-    ckpt_every: int = _f(100, "updates between checkpoints (0: only at the end)")
+    ckpt_every: int = _f(100, "updates between checkpoints (0: none, unless --ckpt-final true)")
+    ckpt_final: bool | None = _f(None, "also a checkpoint at the last update (default: yes unless --ckpt-every 0); "
+                                 "a stop (stop_at) always writes one")
     device: str = _f("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...")
     threads: int | None = _f(None, "torch CPU threads (per rank on a pipeline; default 1 there)")
     progress: bool | None = _f(None, "progress bar (default: only on a terminal)")
     log: str = _f("none", "also log metrics to tensorboard or wandb (offline unless WANDB_MODE says otherwise)",
                   choices=LOGGERS)
+    compile: bool = _f(False, "torch.compile each transformer block (one compiled graph, reused by every block: "
+                       "a short compile; the first steps are slower)")
+    deterministic: bool = _f(False, "deterministic kernels (torch.use_deterministic_algorithms, cuBLAS workspace "
+                             ":4096:8, flash or math attention): exact resume on CUDA too, and slower")
+    peak_tflops: float | None = _f(None, "the device's peak TFLOPS for MFU (default: the bf16 dense figure of a "
+                                   "known GPU, none on the CPU)")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "lr_schedule": LRScheduleConfig,
             "delay": DelayConfig, "parallel": ParallelConfig, "run": RunConfig}
 # Fields that may differ between a checkpoint and the run that resumes it: none of them
 # changes the trajectory of the weights.
-RESUMABLE_CHANGES = ("threads", "ckpt_every", "progress", "timeout", "log")
+RESUMABLE_CHANGES = ("threads", "ckpt_every", "ckpt_final", "progress", "timeout", "log", "peak_tflops")
 # Names of earlier versions' flat configs (run folders made before the nested config).
 _LEGACY = {"schedule": "lr_schedule", "pipeline": "schedule", "microbatches": "grad_accum"}
 
@@ -382,6 +390,8 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("min_lr_ratio must be in [0, 1] and wsd_decay in (0, 1]")
     if not 0 < cfg.data.val_fraction < 1:
         raise ConfigError(f"val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+    if cfg.run.peak_tflops is not None and not (cfg.run.peak_tflops > 0 and math.isfinite(cfg.run.peak_tflops)):
+        raise ConfigError(f"peak_tflops must be > 0, got {cfg.run.peak_tflops}")
     if not cfg.parallel.timeout > 0:
         raise ConfigError(f"timeout must be > 0 seconds, got {cfg.parallel.timeout}")
     for name in ("dc_lambda", "dc_lambda0", "lookahead_momentum", "damping"):
