@@ -16,7 +16,7 @@ an lr scan on seed 0 and the tuned cells on 4 seeds), and writes
     python scripts/beyond_moe.py --runs /work/runs/i28/moe --md table.md --figure docs/figures/beyond_moe.png \
         --jsonl docs/beyond/moe-cpu/runs.jsonl
 
-Fieller's interval lives here until the reproduce statistics (issue 24) provide one.
+The intervals are delaylab.llm.metrics's (t, Welch, Fieller).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
+
+from delaylab.llm import metrics
 
 MODELS = {  # folder -> label; the dense models match the MoE's active and total parameter counts
     "dense_h256": "dense, h = 256 (matches the MoE's active parameters)",
@@ -38,36 +39,8 @@ SHORT = {"dense_h256": "dense-active", "moe_e4k1_h256": "MoE", "dense_h1024": "d
 MODES = ("sync", "delayed", "ef")
 
 
-def fieller(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> list | None:
-    """Fieller's interval for mean(a) / mean(b) from paired samples (a_i, b_i): the R with
-    ``(abar - R bbar)^2 <= t^2 var(a - R b) / n``. None when mean(b) is not resolved from 0 at
-    this level (the set is then unbounded: the ratio is undetermined)."""
-    n = len(a)
-    t = stats.t.ppf(0.5 + confidence / 2, n - 1)
-    ma, mb = a.mean(), b.mean()
-    saa, sbb, sab = a.var(ddof=1) / n, b.var(ddof=1) / n, np.cov(a, b, ddof=1)[0, 1] / n
-    A = mb * mb - t * t * sbb
-    B = ma * mb - t * t * sab
-    C = ma * ma - t * t * saa
-    if A <= 0:
-        return None
-    disc = B * B - A * C
-    root = math.sqrt(max(disc, 0.0))
-    return [(B - root) / A, (B + root) / A]
-
-
-def t_interval(x: np.ndarray, confidence: float = 0.95) -> list:
-    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return [float(x.mean() - half), float(x.mean() + half)]
-
-
-def welch(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> list:
-    """Interval of mean(x) - mean(y), Welch's t."""
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    df = (vx + vy) ** 2 / (vx * vx / (len(x) - 1) + vy * vy / (len(y) - 1))
-    half = stats.t.ppf(0.5 + confidence / 2, df) * math.sqrt(vx + vy)
-    d = x.mean() - y.mean()
-    return [float(d - half), float(d + half)]
+def t_interval(x: np.ndarray) -> list:
+    return metrics.t_interval(list(x))
 
 
 def read_cells(folder: Path) -> list[dict]:
@@ -123,11 +96,10 @@ def analyse(runs: Path) -> dict:
             seeds = sorted(set.intersection(*(set(v) for v in by.values())))
             loss = {m: np.array([by[m][s]["summary"]["val_loss"] for s in seeds]) for m in MODES}
             gap = loss["delayed"] - loss["sync"]
-            rec = loss["delayed"] - loss["ef"]
+            rec = metrics.recovery(*({s: float(v) for s, v in zip(seeds, loss[m])} for m in MODES))
             row = {"lr": lr, "seeds": seeds, **{m: loss[m].tolist() for m in MODES},
                    "gap": gap.tolist(), "gap_mean": float(gap.mean()), "gap_ci": t_interval(gap),
-                   "ef_gain_ci": t_interval(rec),
-                   "recovery": float(rec.mean() / gap.mean()), "recovery_ci": fieller(rec, gap)}
+                   "recovery": rec["ratio_of_means"], "recovery_ci": rec["ci"], "recovery_set": rec["set"]}
             if key.startswith("moe"):
                 late = {}
                 for m in MODES:
@@ -150,7 +122,8 @@ def analyse(runs: Path) -> dict:
         g = {k: np.array(out["models"][k]["rows"][opt]["gap"]) for k in out["models"]}
         for other in (k for k in ("dense_h256", "dense_h1024") if k in g):
             comps[f"{opt}: MoE - {SHORT[other]}"] = {"mean": float(g["moe_e4k1_h256"].mean() - g[other].mean()),
-                                                    "ci": welch(g["moe_e4k1_h256"], g[other])}
+                                                    "ci": metrics.welch_interval(list(g[other]),
+                                                                                 list(g["moe_e4k1_h256"]))}
     out["gap_differences"] = comps
     return out
 
@@ -170,8 +143,8 @@ def markdown(a: dict) -> str:
         m = a["models"][key]
         for opt, r in m["rows"].items():
             name = {"adamw": "AdamW", "muon": "Muon"}[opt]
-            rec = f"{100 * r['recovery']:.0f}% " + ("[undetermined]" if r["recovery_ci"] is None else
-                                                    f"[{100 * r['recovery_ci'][0]:.0f}, {100 * r['recovery_ci'][1]:.0f}]")
+            rec = f"{r['recovery']:.0f}% " + ("[undetermined]" if r["recovery_ci"] is None else
+                                               f"[{r['recovery_ci'][0]:.0f}, {r['recovery_ci'][1]:.0f}]")
             lines.append(f"| {SHORT[key]} ({m['total'] / 1e6:.2f}M / {m['active'] / 1e6:.2f}M) | {name} | {r['lr']:g} | "
                          f"{np.mean(r['sync']):.3f} | {np.mean(r['delayed']):.3f} | {np.mean(r['ef']):.3f} | "
                          f"{r['gap_mean']:+.3f} {fmt_ci(r['gap_ci'])} | {rec} |")
