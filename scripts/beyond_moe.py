@@ -9,9 +9,10 @@ an lr scan on seed 0 and the tuned cells on 4 seeds), and writes
   two paired means), and the differences of gaps between models (Welch t interval);
 * the router's load imbalance over training (``moe_imbalance`` in metrics.jsonl, mean over the
   layers), sync vs delayed vs EF, and its late-training mean paired by seed;
-* a figure, and ``runs.jsonl`` (one JSON object per run: optimizer, mode, correction, delay, lr,
-  momentum, seed, preset, model, params, active_params, steps, tokens, tokens_per_param, val_loss,
-  val_curve as [tokens, val_loss] pairs).
+* a figure, and ``runs.jsonl`` (one JSON object per run, the fields of delaylab.reproduce's
+  runs.jsonl where they apply: kind, optimizer, mode, sweep_mode, correction, delay, lr, momentum,
+  seed, preset, model, params, active_params, steps, batch_size, block_size, tokens,
+  tokens_per_param, val_loss, diverged, val_curve as [tokens, val_loss] pairs).
 
     python scripts/beyond_moe.py --runs /work/runs/i28/moe --md table.md --figure docs/figures/beyond_moe.png \
         --jsonl docs/beyond/moe-cpu/runs.jsonl
@@ -208,7 +209,10 @@ def runs_jsonl(runs: Path, path: Path) -> int:
             total, active = active_params(cfg)
             curve = [[m["tokens"], m["val_loss"]] for m in c["metrics"] if "val_loss" in m]
             lines.append(json.dumps({
-                "optimizer": s["optimizer"], "mode": s["mode"], "correction": s["correction"], "delay": s["delay"],
+                "kind": "gpt", "optimizer": s["optimizer"], "mode": s["mode"], "sweep_mode": mode_of(c),
+                "correction": s["correction"], "delay": s["delay"], "folder": f"{key}/cells/{c['name']}",
+                "batch_size": cfg["data"]["batch_size"], "block_size": cfg["model"]["block_size"],
+                "diverged": s["val_loss"] is None,
                 "lr": s["lr"], "momentum": s["momentum"], "seed": s["seed"], "preset": s["preset"], "model": key,
                 "mlp_hidden": cfg["model"]["mlp_hidden"], "moe_experts": cfg["model"]["moe_experts"],
                 "moe_top_k": cfg["model"]["moe_top_k"], "params": total, "active_params": active,
