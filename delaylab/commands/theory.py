@@ -1,4 +1,4 @@
-"""`delaylab theory bound|tune|penalty|stability|pep`: the bounds of delaylab.theory from the shell.
+"""`delaylab theory bound|tune|penalty|stability|axis|pep`: the bounds of delaylab.theory from the shell.
 
 Values are validated by the library (ValueError -> one-line error, exit 2), so the rules
 live in one place (delaylab/theory/bound.py).
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from delaylab.commands._common import add_json_flag, emit, nonneg_int, positive_float, positive_int, unit_interval
+from delaylab.commands._common import (add_json_flag, csv_list, emit, nonneg_int, positive_float, positive_int,
+                                       unit_interval)
 
 CONSTANT_FLAGS = (
     ("L", "smoothness in the method's norm (Euclidean for sgdm)"),
@@ -180,6 +181,26 @@ def cmd_stability(args) -> int:
     return 0
 
 
+def cmd_axis(args) -> int:
+    from delaylab.commands._common import UsageError
+    from delaylab.reproduce.predict import direction_beta, kind
+    from delaylab.theory.axis import axis_markdown, delay_axis, plot_delay_axis
+
+    optimizers = {}
+    for name in args.optimizers:
+        if kind(name) is None:
+            raise UsageError(f"theory has no model for optimizer {name!r} (LMO: muon, lion, lmo; Adam-type: adamw, "
+                             f"soap, adan, mars)")
+        optimizers[name] = (kind(name), *direction_beta(name))
+    rows = delay_axis(optimizers, args.taus, T=args.T)
+    result = {"taus": args.taus, "T": args.T, "rows": rows}
+    if args.plot:
+        plot_delay_axis(rows).savefig(args.plot, dpi=120, bbox_inches="tight")
+        result["plot"] = args.plot
+    emit(result, args.json, lambda d: axis_markdown(d["rows"]).rstrip())
+    return 0
+
+
 def cmd_pep(args) -> int:
     from delaylab.commands._common import UsageError
     from delaylab.theory import pep
@@ -261,6 +282,18 @@ def register(sub) -> None:
     s.add_argument("--plot", metavar="PNG", help="plot the stable region against beta")
     add_json_flag(s)
     s.set_defaults(func=cmd_stability)
+
+    a = tsub.add_parser("axis", help="the theory's numbers against tau: Theorem 1's penalty (LMO), the stability "
+                        "limits (Adam-type), EF's break-even drift",
+                        description="Constant-free predictions along the delay axis for each optimizer at its default "
+                        "momentum (delaylab/theory/axis.py; docs/beyond.md).")
+    a.add_argument("--taus", type=csv_list(positive_float), default=[1.0, 2.0, 4.0, 8.0],
+                   help="delays (default 1,2,4,8; a random delay's mean may be fractional for LMO methods)")
+    a.add_argument("--optimizers", type=csv_list(str), default=["muon", "adamw"], help="default muon,adamw")
+    a.add_argument("--T", type=positive_float, default=1000.0, help="updates, for the start-up term (default 1000)")
+    a.add_argument("--plot", metavar="PNG", help="also plot the numbers against tau")
+    add_json_flag(a)
+    a.set_defaults(func=cmd_axis)
 
     e = tsub.add_parser(
         "pep", help="exact worst case by performance estimation (PEPit) against our bound",

@@ -191,6 +191,8 @@ def cmd_rates(args) -> int:
         return _rates_suite(args, steps)
     if args.markdown:
         raise UsageError("--markdown writes the suite's table: it needs --suite")
+    if args.suite_delays != "1":
+        raise UsageError("--suite-delays sets the suite's delays: it needs --suite")
     if args.method is None:
         raise UsageError("--method is required (or use --suite)")
     method = _method(args.method, " (use --suite for many)")
@@ -213,14 +215,16 @@ def _rates_suite(args, steps) -> int:
     if args.sigma is not None or args.batch is not None:
         raise UsageError("--suite runs the default instances; --sigma/--batch apply to a single problem")
     if args.delay is not None or args.block_delays is not None or args.correction != "none":
-        raise UsageError("--suite runs sync, tau=1 and tau=1+EF itself; drop --delay/--block-delays/--correction")
+        raise UsageError("--suite runs sync and each --suite-delays tau with and without EF itself; drop "
+                         "--delay/--block-delays/--correction")
     if args.beta is not None:
         raise UsageError("--suite tunes (eta, beta) from the bound at every T; drop --beta")
     names = [args.problem] if args.problem_given else list(PROBLEMS)
     methods = _methods(args.method) if args.method else None
+    delays = _int_list(args.suite_delays, "--suite-delays", 1)
     with _Folder(args, "rate suite") as folder:
         summary = rate_suite(names, methods, steps=steps, seeds=args.seeds, seed=args.seed,
-                             tolerance=args.tolerance, progress=folder)
+                             tolerance=args.tolerance, progress=folder, delays=delays)
         _figures(args, "suite", summary)  # before the Markdown, which names it
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
@@ -235,6 +239,7 @@ def _suite_command(args, steps) -> str:
     command += f" --seed {args.seed}" if args.seed else ""
     command += f" --problem {args.problem}" if args.problem_given else ""
     command += f" --method {args.method}" if args.method else ""
+    command += f" --suite-delays {args.suite_delays}" if args.suite_delays != "1" else ""
     command += f" --plot {args.plot}" if args.plot else ""
     return command + f" --markdown {args.markdown}"
 
@@ -354,7 +359,9 @@ def register(sub) -> None:
     q.add_argument("--beta", type=float, default=None,
                    help="fix the momentum (theory then tunes eta alone); default: tuned with eta")
     q.add_argument("--suite", action="store_true",
-                   help="every problem (or --problem) x LMO method (or --method list) x {sync, tau=1, tau=1+EF}")
+                   help="every problem (or --problem) x LMO method (or --method list) x {sync, tau, tau+EF}")
+    q.add_argument("--suite-delays", default="1", metavar="T1,T2,..",
+                   help="with --suite: the delays tau it runs, each without and with EF (1)")
     q.add_argument("--markdown", default=None, metavar="FILE", help="with --suite: write the ratio/slope table")
     q.set_defaults(func=cmd_rates)
 

@@ -97,6 +97,9 @@ class LRScheduleConfig:
 class DelayConfig:
     delay: int | list[int] | None = _f(None, "gradient delay tau, 0 = synchronous; a list gives one tau per "
                                        "stage, e.g. 3,2,1,0 (default: the schedule's, else 0)")
+    delay_dist: str | None = _f(None, "variable delay, simulator only, in place of --delay: cycle:A,B,... (update "
+                                "k's delay is the list's entry k mod n) or uniform:K / uniform:LO-HI (i.i.d. per "
+                                "update, drawn from --seed); see docs/correctors.md")
     correction: str = _f("none", corrections.help_text())
     dc_lambda: float = _f(0.04, "DC-ASGD's lambda")
     dc_lambda0: float = _f(2.0, "DC-ASGD-a's lambda0: lambda = lambda0 / sqrt(mean square of g + 1e-7)")
@@ -246,7 +249,14 @@ class Config:
 
     @property
     def delayed(self) -> bool:
-        return any(self.delays)
+        return any(self.delays) or self.delay_distribution() is not None and self.delay_distribution().max > 0
+
+    def delay_distribution(self):
+        """The ``DelayDistribution`` of ``--delay-dist`` (seeded by the run's seed), or None."""
+        from delaylab.optim.queue import DelayDistribution
+
+        spec = self.delay.delay_dist
+        return None if spec is None else DelayDistribution.parse(spec, seed=self.run.seed)
 
     @property
     def mode(self) -> str:
@@ -367,6 +377,10 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"delay must be an integer >= 0 or a list of them, got {d}")
         if isinstance(d, (list, tuple)):
             cfg.delay.delay = taus[0] if len(taus) == 1 else taus
+    if cfg.delay.delay_dist is not None:
+        cfg.delay.delay_dist = cfg.delay_distribution().spec  # checks it (one line); the canonical form
+        if d not in (None, 0):
+            raise ConfigError(f"give --delay or --delay-dist, not both (got delay {d} and {cfg.delay.delay_dist})")
     if cfg.delay.sync_start + cfg.delay.sync_cooldown > cfg.run.steps:
         raise ConfigError("sync_start + sync_cooldown exceed steps")
     w = cfg.lr_schedule.warmup
@@ -442,6 +456,14 @@ def _check_combinations(cfg: Config, engine: str) -> None:
     if not set(corrections.parse(dl.correction)) <= set(CORRECTIONS_BY_ENGINE[engine]):
         raise ConfigError(f"the {engine} supports correction {' or '.join(CORRECTIONS_BY_ENGINE[engine])}, "
                           f"got {dl.correction!r}")
+    if dl.delay_dist is not None:
+        if engine == "pipeline" or par.schedule is not None:
+            raise ConfigError("--delay-dist is for the simulator (`delaylab llm train`): a pipeline schedule sets its "
+                              "own delays")
+        queued = [n for n in corrections.parse(dl.correction) if n.startswith("dc-asgd")]
+        if queued:
+            raise ConfigError(f"correction {queued[0]} is not defined for a delay distribution (ef, predict, "
+                              f"lookahead and damp are)")
     if dl.correction != "none" and not cfg.delayed:
         raise ConfigError(f"correction {dl.correction!r} needs a delay (--delay 1, or a delayed schedule)")
     model = cfg.model_config(256)

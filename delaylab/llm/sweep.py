@@ -57,8 +57,9 @@ class Cell:
 
     def config(self, base: Config) -> Config:
         delayed, correction = SWEEP_MODES[self.mode]
-        delay = (base.delay.delay or 1) if delayed else 0
-        return base.replace(optimizer=self.optimizer, delay=delay, correction=correction,
+        dist = base.delay.delay_dist if delayed else None  # a delayed mode keeps the base's --delay-dist
+        delay = 0 if dist is not None or not delayed else (base.delay.delay or 1)
+        return base.replace(optimizer=self.optimizer, delay=delay, delay_dist=dist, correction=correction,
                             lr=self.lr, momentum=self.momentum, seed=self.seed).resolved("simulator")
 
 

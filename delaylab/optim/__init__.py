@@ -8,7 +8,8 @@
 - :func:`build_optimizer` (:mod:`~delaylab.optim.registry`): the paper's optimizers by name.
 - :class:`Delayed` (:mod:`~delaylab.optim.delayed`): stale gradients for any torch optimizer, with
   PipeDream-2BW's start-up convention. It composes
-  :class:`~delaylab.optim.queue.DelayQueue` (tau, per-group tau, sync start / cooldown) and any
+  :class:`~delaylab.optim.queue.DelayQueue` (tau, per-group tau, sync start / cooldown), or a
+  :class:`~delaylab.optim.queue.DelayDistribution` (a delay per update: a list cycled, uniform), and any
   list of correctors, each a :class:`~delaylab.optim.corrector.Corrector` in its own module:
   :mod:`~delaylab.optim.error_feedback` (EF, its buffer optionally bf16),
   :mod:`~delaylab.optim.dc_asgd` (DC-ASGD, DC-ASGD-a), :mod:`~delaylab.optim.prediction`
@@ -28,7 +29,7 @@ import importlib
 
 _WHERE = {
     "register_per_parameter": "capabilities", "CombinedOptimizer": "combined", "CORRECTIONS": "corrections",
-    "Delayed": "delayed", "NORMS": "lmo", "dual_norm": "lmo", "newton_schulz": "lmo",
+    "Delayed": "delayed", "DelayDistribution": "queue", "NORMS": "lmo", "dual_norm": "lmo", "newton_schulz": "lmo",
     "primal_norm": "lmo", "LMOMomentum": "lmo_momentum", "DEFAULTS": "registry", "OPTIMIZERS": "registry",
     "build_optimizer": "registry",
 }

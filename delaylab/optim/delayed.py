@@ -15,7 +15,7 @@ from delaylab.optim import inner_step
 from delaylab.optim._closure import closure_loss
 from delaylab.optim.corrections import CORRECTORS, build
 from delaylab.optim.corrector import Corrector, Update, overrides
-from delaylab.optim.queue import DelayQueue, check_count, common, per_group
+from delaylab.optim.queue import DelayDistribution, DelayQueue, check_count, common, per_group
 
 # The fields of a state_dict saved before correctors were objects that configure them, and the
 # Delayed keyword each one was.
@@ -41,6 +41,21 @@ class Delayed(Optimizer):
     ``delay`` may be a list with one ``tau`` per inner param group, to model the original
     PipeDream's stage-dependent delay: each group fills its own queue, so group ``g``'s update
     ``k`` uses batch ``k`` taken where every group ``h`` had made ``max(0, k - tau_h)`` updates.
+
+    **Variable delays.** ``delay`` may be a :class:`~delaylab.optim.queue.DelayDistribution`
+    (a list cycled, or i.i.d. uniform on ``{lo..hi}``): update ``k`` uses batch ``k`` taken at the
+    weights of update ``max(s, k - tau_k)`` (``s``: the start of the delayed phase), every gradient
+    applied once, as its own update, in that order (the asynchronous-SGD model, see the class).
+    There is no queue and no fill: one call is one update, and the wrapper keeps the last
+    ``max tau_k`` weight versions (one more with prediction or look-ahead) instead of ``tau``
+    gradients. The forward/backward must then run inside :meth:`predicted_weights`, which puts the
+    weights at that version (``Trainer`` does; :meth:`step` raises otherwise, and runs a closure
+    there itself). A constant ``cycle:tau`` equals ``delay=tau`` bit for bit (tested). Correctors:
+    EF takes one constant lag, the distribution's mean (its ``lag`` overrides it), because
+    only a constant lag keeps ``x_k = w_k - l u_{k-1}`` with ``w`` the undelayed sequence
+    (docs/correctors.md, "Variable delays"); prediction extrapolates by the update's own wait
+    ``k - max(s, k - tau_k)`` from the version's last step ``x_{v-1} - x_v``; damping divides by
+    ``1 + c tau_k``; DC-ASGD (which snapshots weights beside queued gradients) is refused.
 
     **Corrections.** ``corrections`` is a list of correctors, optax-style: names (``["ef",
     "damp"]``), a comma string (``"ef,damp"``) or corrector objects (``ErrorFeedback(dtype=
@@ -110,16 +125,24 @@ class Delayed(Optimizer):
             if corrections:
                 raise ConfigError("give corrections= or its former name correction=, not both")
             corrections = correction
-        delays = per_group(delay, len(inner.param_groups), "delay")
+        self.dist = delay if isinstance(delay, DelayDistribution) else None
+        n = len(inner.param_groups)
+        # A distribution keeps weight versions, not a queue: the queue's delays are 0, and the
+        # correctors are bound to the mean (EF's lag).
+        delays = [0] * n if self.dist is not None else per_group(delay, n, "delay")
         self.correctors: list[Corrector] = [copy.copy(c) for c in build(corrections or (), **keywords)]
+        queued = [c for c in self.correctors if overrides(c, "on_push", "on_pop", "on_drop")]
+        if self.dist is not None and queued:
+            raise ConfigError(f"correction {queued[0].name} keeps weights beside queued gradients: it is not "
+                              f"defined for a delay distribution (use ef, predict, lookahead or damp)")
         for c in self.correctors:
-            c.bind(list(delays))
+            c.bind([self._nominal] * n if self.dist is not None else list(delays))
         self._shifters = [c for c in self.correctors if overrides(c, "weight_shift")]
         self._scalers = [c for c in self.correctors if overrides(c, "scale_lr")]
         self._wrappers = [c for c in self.correctors if overrides(c, "wraps")]
         self.queue = DelayQueue(
             delays, sync_start=sync_start, sync_cooldown=sync_cooldown, total_steps=total_steps,
-            companions=[c for c in self.correctors if overrides(c, "on_push", "on_pop", "on_drop")],
+            companions=queued,
         )
         self.inner = inner
         # Registers nothing itself (see add_param_group) and shares the inner's defaults, so
@@ -128,6 +151,13 @@ class Delayed(Optimizer):
         # One list of group dicts for both, so schedulers attached here drive the inner.
         self.param_groups = inner.param_groups
         self.updated = False
+        self._taken_at: int | None = None  # with a distribution: the update whose gradient point was set
+
+    @property
+    def _nominal(self):
+        """A distribution's mean delay, an int when it is one (EF's default lag)."""
+        m = self.dist.mean
+        return int(m) if m == int(m) else m
 
     # -- configuration and counters ---------------------------------------------------------
     @property
@@ -171,6 +201,7 @@ class Delayed(Optimizer):
 
     def __repr__(self) -> str:
         delay = self.delays[0] if len(set(self.delays)) == 1 else self.delays
+        delay = self.dist.spec if self.dist is not None else delay
         return f"Delayed({type(self.inner).__name__}, delay={delay}, corrections={self.correction!r})"
 
     def add_param_group(self, param_group: dict, *, delay: int | None = None, **options) -> None:
@@ -186,16 +217,24 @@ class Delayed(Optimizer):
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise TypeError(f"unexpected keyword {unknown[0]!r} (the correctors read: {', '.join(known)})")
+        if self.dist is not None and delay is not None:
+            raise ConfigError("a group of a Delayed with a delay distribution follows the distribution: give no delay")
+        if self.dist is not None and any(self.queue.updates):
+            raise ConfigError("with a delay distribution every group shares one update count: add groups before "
+                              "the first step")
         delay = common(self.delays, "delay") if delay is None else check_count("delay", delay)
         self.inner.add_param_group(param_group)
         self.param_groups = self.inner.param_groups  # a CombinedOptimizer keeps its list
         self.queue.add_group(delay)
         for c in self.correctors:
-            c.add_group(delay, **{k: v for k, v in options.items() if k in c.group_options})
+            c.add_group(self._nominal if self.dist is not None else delay,
+                        **{k: v for k, v in options.items() if k in c.group_options})
 
     # -- the step -----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
+        if self.dist is not None:
+            return self._step_varying(closure)
         loss = closure_loss(closure)
         if self.queue.plain and not self.correctors:
             self.inner.step()  # plain inner optimizer, bit for bit
@@ -213,6 +252,39 @@ class Delayed(Optimizer):
                 self._inner_step(updates)  # 4.
         return loss
 
+    def _step_varying(self, closure):
+        """One call with a delay distribution: one update, its gradient taken at ``max(s, k - tau_k)``."""
+        k = self.queue.updates[0]  # every group follows the one distribution: the same count
+        if closure is not None:
+            with self.predicted_weights():
+                loss = closure_loss(closure)
+        else:
+            loss = None
+        if self._taken_at != k and self.queue.ahead(0) is not None:
+            raise ConfigError("with a delay distribution the gradient is taken at stale weights: run the "
+                              "forward/backward inside `with opt.predicted_weights():` (the trainer does)")
+        self._taken_at = None
+        tau = self._tau(k)
+        keep = self.dist.max + (1 if self._shifters else 0)  # versions the next gradient points need
+        updates: list[tuple[dict, Update]] = []
+        for gi, group in enumerate(self.param_groups):
+            delayed = self.queue.advance(gi, group["params"], self.state)  # counts, phases; queues nothing
+            if delayed is None:
+                continue
+            updates.append((group, Update(gi, tau, delayed)))
+            for p in group["params"] if keep else ():  # x_k, before update k: a future gradient point
+                versions = self.state[p].setdefault("versions", [])
+                versions.append(versions.pop(0).copy_(p) if len(versions) == keep else p.detach().clone())
+        self.updated = bool(updates)
+        if updates:
+            with self._scaled_lrs(updates):
+                self._inner_step(updates)
+        return loss
+
+    def _tau(self, k: int) -> int:
+        """The delay of update ``k``: ``tau_k`` in a delayed phase, else 0."""
+        return self.dist(k) if self.queue.delayed_phase(k) else 0
+
     @contextmanager
     def _scaled_lrs(self, updates: list[tuple[dict, Update]]):
         """Each updating group's lr as the correctors scale it, the group's own lr afterwards."""
@@ -229,8 +301,10 @@ class Delayed(Optimizer):
 
     def _inner_step(self, updates: list[tuple[dict, Update]]) -> None:
         plan = {}  # id(group) -> (update, the correctors around it)
+        # Under a distribution prediction reads u_last off the weight versions: nothing to record.
+        wrappers = [c for c in self._wrappers if self.dist is None or c not in self._shifters]
         for g, u in updates:
-            hooked = [c for c in self._wrappers if c.wraps(u)]
+            hooked = [c for c in wrappers if c.wraps(u)]
             if hooked:
                 plan[id(g)] = (u, hooked)
         if not plan:
@@ -257,8 +331,11 @@ class Delayed(Optimizer):
         saved = []
         try:
             with torch.no_grad():
-                for p, moves in self._shifts():
+                for p, base, moves in (self._stale_points() if self.dist is not None else
+                                       ((p, None, m) for p, m in self._shifts())):
                     saved.append((p, p.detach().clone()))
+                    if base is not None:
+                        p.copy_(base)
                     for t, alpha in moves:
                         p.sub_(t, alpha=alpha)
             yield
@@ -282,6 +359,30 @@ class Delayed(Optimizer):
                     shifts.append((p, moves))
         return shifts
 
+    def _stale_points(self):
+        """With a distribution: ``(p, x_v or None, moves)`` for update ``k``'s gradient point,
+        ``v = max(s, k - tau_k)``, shifted by prediction / look-ahead along the version's last step
+        ``x_{v-1} - x_v`` (what ``u_last`` was then) by the update's wait ``k - v``."""
+        k = self.queue.updates[0]
+        if self.queue.ahead(0) is None:  # finished: ignored calls
+            return
+        self._taken_at = k
+        tau = self._tau(k)
+        v = max(self.sync_start if self.queue.delayed_phase(k) else k, k - tau)
+
+        def version(p, j):  # x_j, j <= k (None before x_0)
+            return p if j == k else self.state[p]["versions"][j - k] if j >= 0 else None
+
+        for gi, group in enumerate(self.param_groups):
+            update = Update(gi, tau, self.queue.delayed_phase(k))
+            for p in group["params"]:
+                base = version(p, v)
+                prev = version(p, v - 1) if self._shifters else None
+                st = {"u_last": prev - base} if prev is not None else {}
+                moves = [m for c in self._shifters if (m := c.weight_shift(st, update, k - v))]
+                if v != k or moves:
+                    yield p, (None if v == k else base), moves
+
     def corrector_bytes(self) -> int:
         """Bytes the correctors hold across steps (EF buffer, DC-ASGD snapshots and mean
         square, ``u_last``), on this process; the delay queue's gradients are not counted."""
@@ -302,6 +403,7 @@ class Delayed(Optimizer):
     def _config(self) -> dict:
         return {
             "delays": list(self.delays),
+            "delay_dist": None if self.dist is None else self.dist.hyper(),
             "corrections": {c.name: c.hyper() for c in self.correctors},
             "sync_start": self.sync_start,
             "sync_cooldown": self.sync_cooldown,
@@ -320,6 +422,8 @@ class Delayed(Optimizer):
                 **self._config(),
                 "updates": list(self.queue.updates),
                 "queued": list(self.queue.queued),
+                # a distribution's generator is counter-based: its whole state, tau_k = f(seed, k)
+                "delay_rng": None if self.dist is None else {"seed": self.dist.seed, "draws": min(self.queue.updates)},
                 "updated": self.updated,
                 "buffers": buffers,
             },
@@ -330,7 +434,7 @@ class Delayed(Optimizer):
             inner_sd, ours = state_dict["inner"], state_dict["delayed"]
         except (KeyError, TypeError):
             raise ConfigError("not a Delayed state_dict (expected keys 'inner' and 'delayed')") from None
-        saved = {k: ours[k] for k in self._config()} if "corrections" in ours else _config_of_old(ours)
+        saved = {k: ours.get(k) for k in self._config()} if "corrections" in ours else _config_of_old(ours)
         if saved != self._config():
             raise ConfigError(f"state_dict was saved with {saved}, but this wrapper has {self._config()}")
         self.inner.load_state_dict(inner_sd)
@@ -348,6 +452,7 @@ class Delayed(Optimizer):
         self.queue.updates = list(ours["updates"])
         self.queue.queued = list(ours["queued"])
         self.updated = ours["updated"]
+        self._taken_at = None
 
     def children(self) -> list[Optimizer]:
         return [self.inner]
@@ -367,5 +472,5 @@ def _config_of_old(ours: dict) -> dict:
     correctors = build(ours["correction"], **keywords)
     for c in correctors:
         c.bind(list(ours["delays"]))
-    return {"delays": ours["delays"], "corrections": {c.name: c.hyper() for c in correctors},
+    return {"delays": ours["delays"], "delay_dist": None, "corrections": {c.name: c.hyper() for c in correctors},
             **{k: ours[k] for k in ("sync_start", "sync_cooldown", "total_steps")}}

@@ -11,6 +11,9 @@ paper lists EF's extra model copy as its memory cost; this halves it.
 
 ``lag`` (default: each group's delay) is how stale the gradients are: a pipeline stage, whose
 gradients arrive stale, runs EF at delay 0 with its lag. It acts on updates in a delayed phase.
+Under a delay distribution the default lag is the distribution's mean, constant over the run
+(possibly not an integer): only a constant lag keeps ``x_k = w_k - l u_{k-1}``, ``w`` the
+undelayed sequence (docs/correctors.md, "Variable delays").
 With damping, ``u_k`` is the update the inner makes at the damped lr.
 """
 
@@ -108,7 +111,8 @@ class ErrorFeedback(Corrector):
         ``lag`` was given)."""
         if ef_lag is None:
             ef_lag = tau if self.lag is None else common(self.lags, "ef_lag")
-        self.lags.append(check_count("ef_lag", ef_lag))
+        # a real lag only from a delay distribution's mean (Delayed binds it); given ones are integers
+        self.lags.append(ef_lag if isinstance(ef_lag, float) and ef_lag >= 0 else check_count("ef_lag", ef_lag))
 
     def wraps(self, update: Update) -> bool:
         return update.delayed and self.lags[update.group] > 0

@@ -142,3 +142,83 @@ class DelayQueue:
             st.pop("queue", None)
             for c in self.companions:
                 c.on_drop(st)
+
+
+class DelayDistribution:
+    r"""A delay that varies from update to update: update ``k`` uses the gradient of batch ``k``
+    taken at the weights of update ``k - tau_k``,
+
+    .. math:: x_{k+1} = x_k - u_k(\nabla f(x_{\max(s, k - \tau_k)}; \xi_k)),
+
+    the bounded-delay model of asynchronous SGD (Agarwal & Duchi 2011, "Distributed Delayed
+    Stochastic Optimization", NeurIPS; Lian et al. 2015, "Asynchronous Parallel Stochastic Gradient
+    for Nonconvex Optimization", NeurIPS): a parameter server applies every gradient it receives as
+    its own update, in the order they arrive (Dean et al. 2012, Downpour SGD), so none is dropped
+    or merged with another, and one computed on older weights may arrive after one computed on
+    newer weights (``tau_{k+1} > tau_k + 1``). ``s`` is the start of the delayed phase (0 without a
+    sync start), as for a constant delay (``x_{-j} := x_0``). With every ``tau_k = tau`` this is
+    ``Delayed(delay=tau)`` exactly.
+
+    * ``cycle:A,B,...`` -- ``tau_k = [A, B, ...][k mod n]``;
+    * ``uniform:K`` or ``uniform:LO-HI`` -- ``tau_k`` i.i.d. uniform on ``{0..K}`` (``{LO..HI}``),
+      drawn from a counter-based generator: ``tau_k`` is a pure function of ``(seed, k)`` (numpy's
+      ``SeedSequence``, on a stream of its own), so the generator's whole state is its seed and the
+      number of draws, which the state_dict holds (resume is exact; data-parallel replicas agree
+      without talking).
+    """
+
+    KINDS = ("cycle", "uniform")
+    _STREAM = 0x64656C6179  # "delay": a stream apart from the data's (seed, batch) windows
+
+    def __init__(self, kind: str, values: Sequence[int], seed: int = 0):
+        if kind not in self.KINDS:
+            raise ConfigError(f"unknown delay distribution {kind!r} (choose from {', '.join(self.KINDS)})")
+        values = [check_count("a delay of the distribution", v) for v in values]
+        if not values or (kind == "uniform" and (len(values) != 2 or values[0] > values[1])):
+            raise ConfigError(f"a {kind} delay needs {'LO <= HI' if kind == 'uniform' else 'at least one delay'}, "
+                              f"got {values}")
+        self.kind, self.values, self.seed = kind, list(values), check_count("the delay seed", seed)
+
+    @classmethod
+    def parse(cls, spec: str, seed: int = 0) -> "DelayDistribution":
+        """``cycle:1,3`` / ``uniform:4`` / ``uniform:1-3``; a malformed spec is a one-line ConfigError."""
+        kind, _, rest = str(spec).partition(":")
+        try:
+            if kind == "uniform":
+                lo, _, hi = rest.partition("-")
+                values = [0, int(lo)] if not hi else [int(lo), int(hi)]
+            else:
+                values = [int(v) for v in rest.split(",")]
+        except ValueError:
+            raise ConfigError(f"delay distribution {spec!r}: expected cycle:A,B,... or uniform:K or "
+                              f"uniform:LO-HI with integers >= 0") from None
+        return cls(kind, values, seed)
+
+    @property
+    def spec(self) -> str:
+        if self.kind == "uniform":
+            return f"uniform:{self.values[0]}-{self.values[1]}"
+        return "cycle:" + ",".join(map(str, self.values))
+
+    @property
+    def max(self) -> int:
+        return max(self.values)
+
+    @property
+    def mean(self) -> float:
+        return (self.values[0] + self.values[1]) / 2 if self.kind == "uniform" else sum(self.values) / len(self.values)
+
+    def __call__(self, k: int) -> int:
+        """``tau_k``, the delay of update ``k``."""
+        if self.kind == "cycle":
+            return self.values[k % len(self.values)]
+        import numpy as np
+
+        lo, hi = self.values
+        return int(np.random.default_rng([self.seed, k, self._STREAM]).integers(lo, hi + 1))
+
+    def hyper(self) -> dict:
+        return {"spec": self.spec, "seed": self.seed}
+
+    def __repr__(self) -> str:
+        return f"DelayDistribution({self.spec!r}, seed={self.seed})"

@@ -456,6 +456,11 @@ SUITE_MODES = ((0, "none"), (1, "none"), (1, "ef"))
 """sync, delay 1, delay 1 with EF."""
 
 
+def suite_modes(delays: Sequence[int] = (1,)) -> tuple[tuple[int, str], ...]:
+    """sync, then each delay without and with EF (``(1,)``: :data:`SUITE_MODES`)."""
+    return ((0, "none"), *((int(t), c) for t in delays for c in ("none", "ef")))
+
+
 def suite_settings(problem_names: Sequence[str], methods: Sequence[str] | None = None,
                    modes: Sequence[tuple[int, str]] = SUITE_MODES) -> list[tuple[str, str, int, str]]:
     """Every (problem, LMO method, delay, correction) whose norm the problem has a constant for."""
@@ -480,10 +485,12 @@ def rate_suite(
     seed: int = 0,
     tolerance: float = SLOPE_TOLERANCE,
     progress: Progress | None = None,
+    delays: Sequence[int] = (1,),
 ) -> dict:
     """:func:`rate_check` for every setting of :func:`suite_settings` on the problems' default
-    instances; each result gets ``max_ratio`` (measured / bound, max over T) and every metrics
-    item its setting. ``holds``: every check holds."""
+    instances, at sync and at each of ``delays`` without and with EF; each result gets
+    ``max_ratio`` (measured / bound, max over T) and every metrics item its setting. ``holds``:
+    every check holds."""
     from delaylab.toy.problems import PROBLEMS, make_problem
 
     start = time.perf_counter()
@@ -493,7 +500,9 @@ def rate_suite(
     lmo = [m.name for m in METHODS.values() if m.norm is not None]
     if methods is not None and any(m not in lmo for m in methods):
         raise ConfigError(f"the rate suite runs the LMO methods only ({', '.join(lmo)})")
-    settings = suite_settings(problem_names, methods)
+    if not delays or any(isinstance(t, bool) or int(t) != t or t < 1 for t in delays):
+        raise ConfigError(f"the suite's delays must be integers >= 1, got {list(delays)}")
+    settings = suite_settings(problem_names, methods, suite_modes(delays))
     start_progress(progress, len(settings) * len(_horizons(steps, seeds)))
     results = []
     for name, method, delay, corr in settings:

@@ -20,7 +20,7 @@ SAMPLES = {
     "batch_size": ("8", 8), "grad_accum": ("3", 3), "optimizer": ("muon", "muon"), "lr": ("0.02", 0.02),
     "momentum": ("0.9", 0.9), "weight_decay": ("0.01", 0.01), "lr_schedule": ("wsd", "wsd"),
     "warmup": ("4", 4), "min_lr_ratio": ("0.2", 0.2), "wsd_decay": ("0.3", 0.3), "delay": ("3,2,1", [3, 2, 1]),
-    "correction": ("ef", "ef"), "dc_lambda": ("0.5", 0.5), "dc_lambda0": ("1.5", 1.5), "dc_ms_decay": ("0.9", 0.9),
+    "delay_dist": ("uniform:4", "uniform:4"), "correction": ("ef", "ef"), "dc_lambda": ("0.5", 0.5), "dc_lambda0": ("1.5", 1.5), "dc_ms_decay": ("0.9", 0.9),
     "lookahead_momentum": ("0.5", 0.5), "damping": ("2", 2.0), "ef_dtype": ("bfloat16", "bfloat16"),
     "sync_start": ("2", 2), "sync_cooldown": ("1", 1),
     "schedule": ("pipedream", "pipedream"), "stages": ("3", 3), "timeout": ("9", 9.0), "steps": ("50", 50),

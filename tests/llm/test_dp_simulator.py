@@ -49,6 +49,10 @@ def max_diff(a: dict, b: dict) -> float:
 
 CASES = {f"{o}-{c}": dict(optimizer=o, delay=1, correction=c) for o in ("adamw", "muon") for c in ("none", "ef")}
 CASES["adamw-fsdp2-ef"] = dict(optimizer="adamw", delay=1, correction="ef", dp_shard=True)
+# a random delay: every replica draws the same tau_k (counter-based) and keeps the same weight versions
+CASES["muon-random-delay-ef"] = dict(optimizer="muon", delay_dist="uniform:0-3", correction="ef")
+CASES["adamw-fsdp2-random-delay-ef-predict"] = dict(optimizer="adamw", delay_dist="uniform:0-3",
+                                                    correction="ef,predict", dp_shard=True)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +72,7 @@ def test_two_replicas_equal_one_process_in_float64(replica_runs, name):
     assert diff <= TOL, f"{name}: max |diff| {diff:.3g}"
     assert summaries[name]["dp"] == 2 and summaries[name]["steps"] == 10
     # the check resolves the semantics: the synchronous run ends far away
-    assert max_diff(replica_weights(root / name), one_process_weights(c.replace(delay=0, correction="none"))) > 1e-4
+    assert max_diff(replica_weights(root / name), one_process_weights(c.replace(delay=0, delay_dist=None, correction="none"))) > 1e-4
 
 
 @pytest.mark.timeout(300)

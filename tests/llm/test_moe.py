@@ -339,3 +339,31 @@ def test_a_dense_config_builds_the_dense_mlp_and_no_buffers():
     model = GPT(Config.from_dict(preset="tiny").model_config(256))
     assert all(type(b.mlp) is MLP for b in model.blocks)
     assert moe_load(model) == {} and not list(model.buffers())  # DDP has no buffers to broadcast
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_one_expert_moe_trains_like_the_dense_model_in_float64(name):
+    """The equality above, through training: 6 updates of ``Delayed(build_optimizer(name), delay=1,
+    ef)`` from the same weights on the same batches. Each expert matrix is its own parameter (Muon
+    orthogonalizes it as it does the dense MLP's), the router's gradient is exactly 0 (a softmax
+    over one logit), so the expert follows the dense MLP step by step."""
+    from delaylab.optim import Delayed
+
+    torch.manual_seed(0)
+    dense = GPT(preset("tiny")).double()
+    moe = GPT(preset("tiny", moe_experts=1, moe_top_k=1, moe_capacity_factor=1.0)).double()
+    moe.load_state_dict({n.replace(".mlp.", ".mlp.experts.0."): v for n, v in dense.state_dict().items()}, strict=False)
+    start = [p.detach().clone() for p in dense.parameters()]
+    opts = [Delayed(build_optimizer(name, m, lr=0.01), delay=1, corrections="ef") for m in (dense, moe)]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(7):  # 6 updates after the one fill call
+        idx = torch.randint(0, 256, (2, 64), generator=gen)
+        for model, opt in zip((dense, moe), opts):
+            model(idx, idx)[1].backward()
+            opt.step()
+            opt.zero_grad()
+    moved = max((p - q).abs().max().item() for p, q in zip(dense.parameters(), start))
+    got = dict(moe.named_parameters())
+    diff = max((p - got[n.replace(".mlp.", ".mlp.experts.0.")]).abs().max().item() for n, p in dense.named_parameters())
+    print(f"one-expert MoE vs dense after 6 updates ({name}, delay 1 + EF): max |diff| {diff:.3g}")
+    assert diff <= 1e-12 and moved > 1e-3

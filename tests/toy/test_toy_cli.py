@@ -70,6 +70,17 @@ def test_suite_writes_table_and_figure(capsys, tmp_path):
     assert (fig / "toy_rates.png").stat().st_size > 10_000
 
 
+def test_suite_at_longer_delays(capsys, tmp_path):
+    md = tmp_path / "results.md"
+    rc, out, _ = run_cli(capsys, "toy", "rates", "--suite", "--problem", "cauchy", "--method", "lmo-l2", "--T", "30,60",
+                         "--seeds", "2", "--suite-delays", "4,8", "--markdown", str(md), "--json")
+    data = json.loads(out)
+    assert rc == 0 and [(r["delay"], r["correction"]) for r in data["results"]] == [
+        (0, "none"), (4, "none"), (4, "ef"), (8, "none"), (8, "ef")]
+    table = md.read_text()
+    assert "| cauchy | lmo-l2 | tau=8+EF |" in table and "--suite-delays 4,8" in table
+
+
 def test_compare_table_and_files(capsys, tmp_path):
     rc, out, _ = run_cli(capsys, "toy", "compare", "--problem", "cauchy", "--methods", "lmo-sign,adam",
                          "--T", "60", "--seeds", "2", "--plot", str(tmp_path), "--out", str(tmp_path / "o"))
@@ -114,6 +125,8 @@ BAD_INPUT = [
     (["rates", "--suite", "--problem", "nope"], "unknown problem"),
     (["rates", "--suite", "--method", "sgdm"], "LMO methods only"),
     (["rates", "--suite", "--delay", "1"], "drop --delay"),
+    (["rates", "--suite", "--suite-delays", "4,0"], "--suite-delays must be >= 1"),
+    (["rates", "--method", "lmo-sign", "--suite-delays", "4"], "needs --suite"),
     (["rates", "--suite", "--beta", "0.5"], "drop --beta"),
     (["rates", "--suite", "--problem", "cauchy", "--sigma", "0.1"], "default instances"),
     (["compare", "--methods", "lmo-sign,bogus"], "unknown method"),

@@ -104,7 +104,7 @@ class TrainFolder(RunFolder):
 def summary_base(cfg: Config) -> dict:
     """The summary fields that describe the run (the same keys for every engine)."""
     return {"optimizer": cfg.optim.optimizer, "mode": cfg.mode, "correction": cfg.delay.correction,
-            "delay": cfg.delay.delay, "schedule": cfg.parallel.schedule, "stages": cfg.parallel.stages,
+            "delay": cfg.delay.delay, "delay_dist": cfg.delay.delay_dist, "schedule": cfg.parallel.schedule, "stages": cfg.parallel.stages,
             "dp": cfg.parallel.dp, "dp_shard": cfg.parallel.dp_shard,
             "microbatches": cfg.data.grad_accum, "lr": cfg.resolved_lr(), "momentum": cfg.optim.momentum,
             "seed": cfg.run.seed, "preset": cfg.model.preset,
