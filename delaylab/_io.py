@@ -45,8 +45,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    _replace_with(tmp, path, lambda: tmp.write_text(dumps(obj, indent=2) + "\n"))
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:
@@ -55,5 +54,15 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    _replace_with(tmp, path, lambda: torch.save(obj, tmp))
+
+
+def _replace_with(tmp: Path, path: Path, write) -> None:
+    """``write()`` the temporary file, then rename it over ``path``; a failed write (a full disk)
+    removes the temporary file and leaves ``path`` as it was."""
+    try:
+        write()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

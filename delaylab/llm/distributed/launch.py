@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import torch.distributed as dist
 
 from delaylab.errors import DelaylabError
 from delaylab.llm.distributed.mesh import place
+from delaylab.llm.distributed.preempt import STOP_FILE, LauncherSignals
 from delaylab.llm.distributed.world import PeerFailure, short, stop
 
 _FAILED_KEY = "delaylab/failed"  # the first claim, in the default group's store
@@ -125,17 +127,23 @@ def launch(fn: Callable, args: tuple, *, stages: int = 1, dp: int, what: str) ->
         min_nodes=1, max_nodes=1, nproc_per_node=stages * dp, run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2,
         start_method="spawn",
+        # SIGTERM, SIGINT and SIGUSR1 are ours (preempt.LauncherSignals): the ranks stop at an update
+        # boundary with a checkpoint; the agent would forward them and kill the ranks after 30 s.
+        signals_to_handle="SIGHUP,SIGQUIT",
     )
     with tempfile.TemporaryDirectory() as tmp:
         claim = Path(tmp) / "failure.json"
         os.environ[_FAILURE_FILE] = str(claim)  # the spawned ranks inherit it
+        os.environ[STOP_FILE] = str(Path(tmp) / "stop")
         try:
-            return elastic_launch(config, _entry)(fn, args, stages, dp)
+            with LauncherSignals(Path(tmp) / "stop", lambda: [p.pid for p in multiprocessing.active_children()]):
+                return elastic_launch(config, _entry)(fn, args, stages, dp)
         except ChildFailedError as err:
             first = json.loads(claim.read_text()) if claim.is_file() else None
             raise RunFailed(f"{what} stopped: {_first_failure(err, first)}") from None
         finally:
             os.environ.pop(_FAILURE_FILE, None)
+            os.environ.pop(STOP_FILE, None)
 
 
 def _first_failure(err, claim: dict | None) -> str:

@@ -20,7 +20,6 @@ One accounting, for both engines (docs/llm.md, "What a run reports"):
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.distributed.mesh import build_mesh
 from delaylab.llm.distributed.world import barrier, check_world, local_rank, start
-from delaylab.llm.distributed.wrap import check_shardable, replica_rows
+from delaylab.llm.distributed.wrap import replica_rows
 from delaylab.llm.run.folder import TrainFolder
 from delaylab.run_folder import CONFIG
 from delaylab.llm.model import GPT
@@ -61,7 +60,6 @@ class Setup:
         self.mesh = None
         if distributed:
             check_world(self.stages, D)
-            check_shardable(cfg)
             start(self.device, cfg.parallel.timeout)
             self.mesh = build_mesh(self.device.type, D, self.stages, cfg.parallel.timeout,
                                    tied=cfg.model_config(256).tie_embeddings)
@@ -105,12 +103,16 @@ def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int)
     launcher checks before any process starts."""
     out = Path(out)
     run = TrainFolder(cfg, out, marks=checkpoint.MARKS)
+    run.check_writable()
     if not resume:
         run.check_new()
         return
     if (out / CONFIG).is_file():
-        run.check_same_run(json.loads((out / CONFIG).read_text()))
-    checkpoint.require_latest(out / checkpoint.ROOT, stages)
+        from delaylab.llm.run.folder import require_folder
+
+        run.check_same_run(require_folder(out))
+    root = out / checkpoint.ROOT
+    checkpoint.verify(root, checkpoint.require_latest(root, stages), stages)
 
 
 def open_run(setup: Setup, out, *, writer: bool, resume: bool):

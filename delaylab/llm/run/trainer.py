@@ -24,11 +24,12 @@ import time
 
 import torch
 
-from delaylab.errors import ConfigError, Diverged
+from delaylab.errors import ConfigError, Diverged, Preempted, WriteFailed, cannot_write
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
-from delaylab.llm.distributed.world import mean
-from delaylab.llm.distributed.wrap import check_shardable, gradient_sync, wrap
+from delaylab.llm.distributed.preempt import StopGate, preemptible
+from delaylab.llm.distributed.world import barrier, mean
+from delaylab.llm.distributed.wrap import gradient_sync, wrap
 from delaylab.llm.checkpoint import rng_state, set_rng_state
 from delaylab.llm.run.folder import summary_base
 from delaylab.llm.model import autocast, moe_load
@@ -139,6 +140,7 @@ class Trainer:
         set_rng_state(sd["rng"], self.device)
 
 
+@preemptible
 def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = False,
           stop_at: int | None = None, dataset=None) -> dict:
     """Run ``cfg`` and return the summary (also written to ``out/summary.json``).
@@ -159,8 +161,11 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
     run.open(part["loop"] if part is not None else None, initial=trainer.updates,
              desc=f"{cfg.optim.optimizer} delay {cfg.delay.delay}")
     loop_start, eval_time = time.perf_counter(), 0.0
+    gate, saved = StopGate(trainer.updates), None  # a signal: the replicas agree on the update to stop after
     try:
         while trainer.updates < end:
+            if not gate(trainer.updates):  # stopped: every update before gate.stop is done
+                break
             t0, before = time.perf_counter(), trainer.updates
             try:
                 trainer.step()
@@ -190,11 +195,26 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
                 run.record(k, **values)
             if k == end or (r.ckpt_every and k % r.ckpt_every == 0):
                 ckpts.save(k, {**trainer.state_dict(), "loop": run.loop_state()})
+                saved = k
+        preempted = trainer.updates < end
+        if preempted and saved != trainer.updates:
+            ckpts.save(trainer.updates, {**trainer.state_dict(), "loop": run.loop_state()})
         # The last checkpoint's weights were checked by the final evaluation or, at a stop, are finite.
         if trainer.weights_finite():
             ckpts.commit()
+    except OSError as err:  # a full disk, a file-size limit: the run stops, its last good checkpoint kept
+        if isinstance(err, WriteFailed):
+            raise
+        kept = ckpts.latest()
+        raise WriteFailed(f"{cannot_write(run.out, err)}; "
+                          + (f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was written"),
+                          started=True) from None
     finally:
         run.close()
+    if preempted:
+        barrier()  # every replica's part is in place before any of them leaves
+        where = f"a checkpoint in {ckpts.latest()}; --resume {run.out} continues" if run.out else "no --out: nothing kept"
+        raise Preempted(f"{gate.cause()}: stopped after update {trainer.updates} ({where})")
     # Wall time of this session's loop minus validation: every bit of the trainer's own work
     # (logging, checkpoints, the progress bar) counts, unlike in train_time_s.
     loop_time = time.perf_counter() - loop_start - eval_time
@@ -216,6 +236,9 @@ def _replicas(jobs: list[tuple[dict, str | None, bool, int | None]]) -> list[dic
             summaries.append(train(Config.from_dict(c), out, resume=resume, stop_at=stop))
         except Diverged as err:  # every replica sees the same mean loss: they all stop here
             summaries.append({"status": "diverged", "message": str(err)})
+        except Preempted as err:  # every replica stops at the same update; the later jobs wait
+            summaries.append({"status": "preempted", "message": str(err)})
+            break
     return summaries
 
 
@@ -232,13 +255,14 @@ def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config,
     sizes = {cfg.parallel.dp for cfg, _ in jobs}
     if len(sizes) != 1:
         raise ConfigError(f"train_replicas needs one replica count for all jobs, got {sorted(sizes)}")
-    for cfg, folder in jobs:  # what a replica would refuse, refused here, once
-        check_shardable(cfg)
+    for cfg, folder in jobs:  # what a replica would refuse, refused here, once (the config: by resolved)
         load_data(cfg)
         if folder is not None:
             check_folder(cfg, folder, resume, stages=1)
     specs = [(cfg.to_dict(), None if folder is None else str(folder), resume, stop_at) for cfg, folder in jobs]
     summaries = launch(_replicas, (specs,), dp=sizes.pop(), what="data-parallel run")[0]
+    if summaries[-1]["status"] == "preempted":
+        raise Preempted(summaries[-1]["message"])
     if single and summaries[0]["status"] == "diverged":
         raise Diverged(summaries[0]["message"])
     return summaries[0] if single else summaries
