@@ -63,6 +63,35 @@ def _replace_with(tmp: Path, path: Path, write) -> None:
     try:
         write()
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write() names no file
+            err.filename = str(tmp)
         raise
+
+
+def figure_path(path: str | os.PathLike) -> Path:
+    """``path`` if its suffix names a format matplotlib writes (check it before the work), else a
+    one-line error."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from delaylab.errors import ConfigError
+
+    path = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise ConfigError(f"{path}: a figure needs a suffix matplotlib writes ({', '.join(sorted(formats))})")
+    return path
+
+
+def save_figure(fig: Any, path: str | os.PathLike, **kw) -> Path:
+    """``fig.savefig(path)``, its folder made first; a path that takes no file is one line."""
+    from delaylab.errors import WriteFailed, cannot_write
+
+    path = figure_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, **kw)
+    except OSError as err:
+        raise WriteFailed(cannot_write(path, err)) from None
+    return path

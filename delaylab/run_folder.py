@@ -71,7 +71,7 @@ class RunFolder:
             with tempfile.TemporaryFile(dir=place):
                 pass
         except OSError as err:
-            raise WriteFailed(cannot_write(self.out, err)) from None
+            raise WriteFailed(f"cannot write {self.out}: {err.strerror or err}") from None
 
     def finished_summary(self) -> dict | None:
         """The summary of a run that already finished, if this folder holds one."""

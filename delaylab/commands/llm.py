@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -155,6 +156,10 @@ def cmd_advise(args) -> int:
     from delaylab.llm.advise import Overheads, advise, plot, render
     from delaylab.llm.pipeline.cost_model import Costs
 
+    if args.figure:
+        from delaylab._io import figure_path
+
+        figure_path(args.figure)  # before the costs are measured
     given = [args.forward, args.backward]
     if any(v is not None for v in given) and not all(v is not None for v in given):
         raise UsageError("give both --forward and --backward (or neither: measured)")
@@ -165,8 +170,8 @@ def cmd_advise(args) -> int:
     P, M = cfg.parallel.stages, cfg.data.grad_accum
     for name in ("forward", "backward", "weight_grad", "update", "send", "overhead", "pipedream_overhead"):
         v = getattr(args, name)
-        if v is not None and not v >= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+        if v is not None and not (v >= 0 and math.isfinite(v)):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number >= 0, got {v}")
     measured_run = None
     if args.costs_from:
         from delaylab.llm.pipeline.timeline import load_timeline

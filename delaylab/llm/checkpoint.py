@@ -201,12 +201,10 @@ class Checkpoints:
         try:
             _save(state, _writer(pending, step), self.group, self.lead)
         except (OSError, CheckpointException) as err:  # a full disk, a file-size limit, no permission
-            if isinstance(err, CheckpointException):  # DCP's wrapper: the first rank's own exception
-                err = next(iter(err.failures.values()))[0]
-            if not isinstance(err, OSError):
-                raise
+            if self.lead:  # what was written of it frees its room
+                shutil.rmtree(pending, ignore_errors=True)
             kept = self.latest()
-            raise WriteFailed(f"{cannot_write(pending, err)}; "
+            raise WriteFailed(f"cannot write {pending}: {_why_not_written(err, pending)}; "
                               + (f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was written"),
                               started=True) from None
         self._pending = (pending, place)
@@ -257,6 +255,27 @@ class Checkpoints:
             path.parent.rmdir()  # the last stage to leave a step removes its folder
         except OSError:
             pass
+
+
+def _why_not_written(err: BaseException, folder: Path) -> str:
+    """The reason a save failed, in words: the OSError inside DCP's wrapper when there is one (torch.save
+    inside DCP loses it: its zip writer reports a short write as a position mismatch), else what the
+    process may write (a file-size limit, the free space), else the error's first line."""
+    import resource
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException):  # the first failing rank's own exception
+        err = next(iter(err.failures.values()))[0]
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    if err is not None:
+        return f"{err.strerror or err}" + (f" ({Path(err.filename).name})" if err.filename else "")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        return f"a write failed under a file-size limit of {limit} bytes (ulimit -f)"
+    place = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
+    return f"a write failed with {shutil.disk_usage(place).free} bytes free on its disk"
 
 
 # -- a state as a DCP folder ---------------------------------------------------------------------

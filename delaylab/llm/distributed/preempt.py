@@ -25,7 +25,7 @@ Three pieces:
   its read comes after the claim (it obeys ``K``): no rank has begun an update ``>= K``, every rank
   finishes every update ``< K``. Cost: two store round trips per update and rank. Every dependency
   of an action is an action of the same or an earlier update, so dropping the updates ``>= K`` from
-  every stage's list leaves the lists of a run that ends at ``K`` (``tests/pipeline/test_preempt.py``).
+  every stage's list leaves the lists of a run that ends at ``K`` (``tests/pipeline/test_schedules.py``).
 * :class:`LauncherSignals` (the process that started the ranks with torch's elastic agent): the
   first signal creates :data:`STOP_FILE`'s file, which every rank's gate reads as a request (a rank
   need not receive the signal itself); a second kills the ranks and exits at once.
@@ -119,15 +119,15 @@ class StopGate:
     once known: the run ends after update ``K - 1``, a checkpoint at step ``K``.
     """
 
-    def __init__(self, start: int):
+    def __init__(self, start: int, *, store=None, rank: int = 0, world: int = 1, run: str | None = None):
         self.entered, self.stop = start, None
         self.stop_file = os.environ.get(STOP_FILE)
-        self.store = None
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            self.store = dist.distributed_c10d._get_default_store()
-            self.rank, self.world = dist.get_rank(), dist.get_world_size()
-            self.prefix = f"{_KEY}/{next(_jobs)}"
-            self.store.set(self._front(self.rank), str(start))
+        if store is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            store, rank, world = dist.distributed_c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
+        self.store, self.rank, self.world = store, rank, world  # a store of world ranks, or one process
+        if store is not None:
+            self.prefix = f"{_KEY}/{next(_jobs) if run is None else run}"
+            store.set(self._front(rank), str(start))
 
     def _front(self, rank: int) -> str:
         return f"{self.prefix}/front/{rank}"

@@ -126,6 +126,7 @@ def open_run(setup: Setup, out, *, writer: bool, resume: bool):
         if ckpts.root is None:
             raise ConfigError("resume needs the run's folder")
         step = checkpoint.require_latest(ckpts.root, setup.stages)
+        checkpoint.verify(ckpts.root, step, setup.stages)  # a damaged part: one line naming what is wrong
         part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
         run.check_same_run(part["config"], ckpts.root)
         ckpts.drop_after(step)
