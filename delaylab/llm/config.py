@@ -474,7 +474,9 @@ def _check_combinations(cfg: Config, engine: str) -> None:
         try:
             kind = torch.device(dev).type
         except RuntimeError:
-            raise ConfigError(f"unknown device {dev!r} (auto, cpu, cuda, cuda:1, ...)") from None
+            kind = None
+        if kind not in ("cpu", "cuda"):  # meta, mps, xpu...: devices torch knows and delaylab does not run on
+            raise ConfigError(f"unknown device {dev!r} (auto, cpu, cuda, cuda:1, ...)")
         if kind == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {dev!r} asked for, but this torch has no CUDA device "
                               f"(torch {torch.__version__}); use --device cpu or auto")
