@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from delaylab.commands import pipeline
-from delaylab.commands._common import UsageError, add_json_flag, csv_list, emit
+from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, csv_list, emit
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE
 
@@ -22,7 +22,7 @@ def _render_summary(s: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    from delaylab.errors import Diverged
+    from delaylab.errors import Diverged, Preempted
     from delaylab.llm.distributed.launch import as_rank
     from delaylab.llm.distributed.world import under_launcher
     from delaylab.llm.run.folder import require_folder
@@ -42,7 +42,7 @@ def cmd_train(args) -> int:
         summary = train_replicas(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
     else:  # one process, or this replica under torchrun (they all see the same loss: a NaN stops each)
         summary = as_rank(lambda: train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at),
-                          stages=1, dp=cfg.parallel.dp, passes=(Diverged,))
+                          stages=1, dp=cfg.parallel.dp, passes=(Diverged, Preempted))
         if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, replica 0 reports
             return 0
     emit(summary, args.json, _render_summary)
@@ -216,6 +216,7 @@ def register(sub) -> None:
         description="Train a GPT in one process with the exact gradient-delay simulator (--delay 0 is "
         "synchronous; --schedule 2bw --stages P simulates that pipeline: the same flags give the same run "
         "as `delaylab llm pipeline`). Writes config.json, metrics.jsonl, summary.json and ckpt/ under --out.",
+        epilog=EXIT_CODES,
     )
     add_config_flags(t)
     t.add_argument("--out", metavar="DIR", help="run folder (must not hold a run already)")
