@@ -75,7 +75,7 @@ def _per_optimizer(values: list[str] | None, flag: str, lower: float, upper: flo
 
 def render_gaps(g: dict) -> str:
     """The gap table of a sweep (``llm sweep``, ``demo``)."""
-    from delaylab.llm.metrics import fmt_overhead
+    from delaylab.llm.metrics import fmt_overhead, fmt_set
 
     def f(v, fmt=".4f"):
         return "n/a" if v is None else format(v, fmt)
@@ -89,7 +89,7 @@ def render_gaps(g: dict) -> str:
     fixes = [m for m in FIXES if any(m in r for r in g["grid"])]
     others = [m for m in ("delayed", *fixes) if any(m in r.get("overhead", {}) for r in g["grid"])]
     head = (f"{'optimizer':<9} {'lr':>8} {'mom':>5}  {'sync':>7} {'delayed':>8} {'gap':>7} {'±':>6} {'gap 95% t':>17}"
-            + "".join(f" {m:>7} {m + ' %':>9} {'95% boot':>12}" for m in fixes)
+            + "".join(f" {m:>7} {m + ' %':>9} {'95% Fieller':>16}" for m in fixes)
             + "".join(f" {'tok× ' + m:>12}" for m in others))
     lines = [head]
     for row in g["grid"]:
@@ -100,18 +100,17 @@ def render_gaps(g: dict) -> str:
         for m in fixes:
             rec = row.get(f"{m}_recovered_pct", {})
             pct = f(rec.get("ratio_of_means"), ".0f") + ("*" if rec.get("unstable") else "")
-            boot = rec.get("ci_boot")
-            line += (f" {f(row.get(m, {}).get('mean')):>7} {pct:>9}"
-                     f" {'n/a' if boot is None else f'[{boot[0]:.0f},{boot[1]:.0f}]':>12}")
+            line += f" {f(row.get(m, {}).get('mean')):>7} {pct:>9} {fmt_set(rec.get('set'), '.0f'):>16}"
         for m in others:
             line += f" {fmt_overhead(row.get('overhead', {}).get(m)):>12}"
         lines.append(line)
     if fixes:
         lines.append("% of the gap recovered: ratio of means over seeds; * unstable (the gap's 95% t interval "
-                     "contains 0); 95% boot: paired bootstrap over seeds")
+                     "contains 0); 95% Fieller: Fieller's set for the ratio of the paired gaps (unbounded where the gap is not "
+                     "resolved)")
     if others:
         lines.append("tok× MODE: iso-loss token overhead, tokens MODE needs to reach sync's final val loss / sync's "
-                     "tokens (mean over seeds; > x: not reached, a lower bound)")
+                     "tokens (mean over seeds, only where every seed reached it)")
     diag = [r for r in g["grid"] if "diagnostics" in r]
     if diag:
         modes = [m for m in ("sync", "delayed", *fixes) if any(m in r["diagnostics"] for r in diag)]

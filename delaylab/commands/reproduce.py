@@ -8,7 +8,7 @@ from dataclasses import replace
 from delaylab.commands._common import add_json_flag, emit, positive_int
 from delaylab.commands._config_flags import add_config_flags, given_fields
 
-PRESET_NAMES = ("cpu-small", "cpu-quick", "ci")  # listed for --help; delaylab.reproduce.presets validates
+PRESET_NAMES = ("cpu-small", "cpu-quick", "cpu-tokens", "ci")  # listed for --help; delaylab.reproduce.presets validates
 # Config fields a user may set for every GPT run of a report; the rest are what the findings vary.
 RUN_OVERRIDES = ("data", "tokenizer", "vocab_size", "text_field", "val_fraction", "device", "log")
 
@@ -23,8 +23,9 @@ def register(sub) -> None:
                     "Finished runs are read, not rerun; rerun the same command to resume.",
     )
     p.add_argument("--preset", default="cpu-small",
-                   help=f"grid: {', '.join(PRESET_NAMES)} (default cpu-small: the full protocol, under 90 min on 2 CPU "
-                        "cores; cpu-quick: AdamW vs Muon on the small GPT, under 20 min; ci: seconds)")
+                   help=f"grid: {', '.join(PRESET_NAMES)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
+                        "on the small GPT; cpu-tokens: the tokens-per-parameter axis; each within 90 min on 2 CPU "
+                        "cores; ci: seconds)")
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
     add_config_flags(p, only=RUN_OVERRIDES, title="every GPT run of the report (the config's fields)")
@@ -49,7 +50,10 @@ def cmd_reproduce(args) -> int:
     preset = get_preset(args.preset)
     given = given_fields(args, RUN_OVERRIDES)
     if given:  # the same data / device for every GPT run: the grids themselves stay the preset's
-        preset = replace(preset, llm=replace(preset.llm, base={**preset.llm.base, **given}))
+        if preset.llm is not None:
+            preset = replace(preset, llm=replace(preset.llm, base={**preset.llm.base, **given}))
+        if preset.scale is not None:
+            preset = replace(preset, scale=replace(preset.scale, base={**preset.scale.base, **given}))
     # A crashed run raises RunFailed (exit 1): its folder keeps what it had; rerunning resumes.
     rep = reproduce(preset, args.out, jobs=args.jobs)
     result = {"preset": rep["preset"], "out": rep["out"], "report": f"{rep['out']}/report.md",

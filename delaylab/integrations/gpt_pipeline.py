@@ -12,17 +12,13 @@ throughput benchmark compare.
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from delaylab.llm.config import Config, lr_factor
-from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT, lm_loss
 
 # How far behind each schedule's gradients are, per stage (the engine's optimizer needs it for EF).
@@ -46,14 +42,13 @@ class StageRun:
     def __init__(self, cfg: Config, schedule: str, group=None, microbatches: bool = False):
         from torch.distributed.pipelining import PipelineStage
 
-        from delaylab.llm.run.setup import optimizer_factory
+        from delaylab.llm.run.setup import load_data, optimizer_factory
         from delaylab.llm.pipeline.stages import Stage
 
         self.cfg = cfg = cfg.resolved("pipeline")
         P, M = cfg.parallel.stages, cfg.data.grad_accum
         s = dist.get_rank(group)
-        d = cfg.data
-        self.data = load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)
+        self.data = load_data(cfg)
         model_cfg = cfg.model_config(self.data.vocab_size)
         if model_cfg.tie_embeddings:
             raise ValueError("tied embeddings need a gradient exchange between the first and last stage; "
@@ -101,15 +96,16 @@ class StageRun:
 
 def _rank(jobs: list[tuple[dict, str, str, bool]], timeout: float) -> list[dict]:
     """The body of one rank: every job's stage trained to ``steps`` updates, its weights saved."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
-    out = []
-    from delaylab.llm.run.rank import _machine_busy_seconds
+    from delaylab.llm.distributed.world import start
+    from delaylab.llm.run.rank import machine_busy_seconds
 
+    torch.set_num_threads(1)
+    start(torch.device("cpu"), timeout)
+    out = []
     for cfg_dict, schedule, folder, microbatches in jobs:
         run = StageRun(Config.from_dict(cfg_dict), schedule, microbatches=microbatches)
         dist.barrier()
-        busy0, cpu0, t0 = _machine_busy_seconds(), time.process_time(), time.perf_counter()
+        busy0, cpu0, t0 = machine_busy_seconds(), time.process_time(), time.perf_counter()
         ends = []  # seconds from the start to the end of each batch's step() (and update)
         for b in range(run.cfg.run.steps):
             run.batch(b)
@@ -117,13 +113,12 @@ def _rank(jobs: list[tuple[dict, str, str, bool]], timeout: float) -> list[dict]
         run.finish()
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         dist.barrier()
-        busy1 = _machine_busy_seconds()
+        busy1 = machine_busy_seconds()
         cpus = [None] * dist.get_world_size()
         dist.all_gather_object(cpus, cpu)
         torch.save(run.module.state_dict(), Path(folder) / f"stage_{run.stage_index}.pt")
         out.append({"updates": run.updates, "losses": run.losses, "wall_s": wall, "batch_ends": ends,
                     "cpu_s": cpus, "machine_busy_s": None if busy0 is None else busy1 - busy0})
-    dist.destroy_process_group()
     return out
 
 
@@ -132,7 +127,8 @@ def run_torch_schedule(jobs: list[tuple], timeout: float = 120) -> list[dict]:
     of gloo ranks started by torch's elastic launcher; each folder gets ``model.pt`` (the merged GPT
     state dict). Returns the last stage's ``{"updates", "losses", "wall_s", "batch_ends", "cpu_s"
     (every rank's), "machine_busy_s"}`` per job."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from delaylab.llm.distributed.launch import launch
+    from delaylab.llm.run.setup import load_data
 
     jobs = [(cfg.resolved("pipeline"), name, Path(folder), bool(rest and rest[0])) for cfg, name, folder, *rest in jobs]
     stages = {cfg.parallel.stages for cfg, *_ in jobs}
@@ -140,14 +136,10 @@ def run_torch_schedule(jobs: list[tuple], timeout: float = 120) -> list[dict]:
         raise ValueError(f"one stage count for all jobs, got {sorted(stages)}")
     P = stages.pop()
     for cfg, _, folder, _ in jobs:
-        d = cfg.data
-        load_dataset(d.data, d.tokenizer, d.vocab_size, d.val_fraction, d.text_field)  # tokenize once, here
+        load_data(cfg)  # tokenize once, here
         folder.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=P, run_id=uuid.uuid4().hex[:12],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.2, start_method="spawn")
-    results = elastic_launch(launch, _rank)([(c.to_dict(), n, str(f), m) for c, n, f, m in jobs], timeout)
+    results = launch(_rank, ([(c.to_dict(), n, str(f), m) for c, n, f, m in jobs], timeout), stages=P, dp=1,
+                     what="torch pipelining run")
     for _, _, folder, _ in jobs:
         merged = {}
         for s in range(P):

@@ -129,19 +129,27 @@ class RunConfig:
     eval_every: int = _f(50, "updates between validations (simulator)", range="[1, inf)")
     eval_batches: int = _f(16, "fixed validation batches", range="[1, inf)")
     log_every: int = _f(10, "updates between metrics.jsonl lines", range="[1, inf)")
-    ckpt_every: int = _f(100, "updates between checkpoints (0: only at the end)", range="[0, inf)")
+    ckpt_every: int = _f(100, "updates between checkpoints (0: none, unless --ckpt-final true)", range="[0, inf)")
+    ckpt_final: bool | None = _f(None, "also a checkpoint at the last update (default: yes unless --ckpt-every 0); "
+                                 "a stop (stop_at) always writes one")
     device: str = _f("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...")
     threads: int | None = _f(None, "torch CPU threads (per rank on a pipeline; default 1 there)", range="[1, inf)")
     progress: bool | None = _f(None, "progress bar (default: only on a terminal)")
     log: str = _f("none", "also log metrics to tensorboard or wandb (offline unless WANDB_MODE says otherwise)",
                   choices=LOGGERS)
+    compile: bool = _f(False, "torch.compile each transformer block (one compiled graph, reused by every block: "
+                       "a short compile; the first steps are slower)")
+    deterministic: bool = _f(False, "deterministic kernels (torch.use_deterministic_algorithms, cuBLAS workspace "
+                             ":4096:8, flash or math attention): exact resume on CUDA too, and slower")
+    peak_tflops: float | None = _f(None, "the device's peak TFLOPS for MFU (default: the bf16 dense figure of a "
+                                   "known GPU, none on the CPU)", range="(0, inf)")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "lr_schedule": LRScheduleConfig,
             "delay": DelayConfig, "parallel": ParallelConfig, "run": RunConfig}
 # Fields that may differ between a checkpoint and the run that resumes it: none of them
 # changes the trajectory of the weights.
-RESUMABLE_CHANGES = ("threads", "ckpt_every", "progress", "timeout", "log")
+RESUMABLE_CHANGES = ("threads", "ckpt_every", "ckpt_final", "progress", "timeout", "log", "peak_tflops")
 # Names of earlier versions' flat configs (run folders made before the nested config).
 _LEGACY = {"schedule": "lr_schedule", "pipeline": "schedule", "microbatches": "grad_accum"}
 

@@ -109,7 +109,7 @@ def summarize(records: list[dict]) -> dict:
 
     Gaps and EF recovery are computed per seed (sync and delayed runs of one seed share init
     and batches), then summarized over seeds (:func:`delaylab.llm.metrics.describe`: mean, std,
-    median, t and bootstrap intervals; :func:`~delaylab.llm.metrics.recovery`). A diverged run
+    median, t interval; :func:`~delaylab.llm.metrics.recovery`, with Fieller's set). A diverged run
     has ``val_loss`` None. Records that carry ``metrics`` (the run's metrics.jsonl lines) add,
     per row, ``overhead[mode]`` (iso-loss token overhead against the sync run of the same seed,
     :func:`~delaylab.llm.metrics.overhead_over_seeds`) and ``diagnostics[mode]`` (loss spike and

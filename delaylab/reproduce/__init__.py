@@ -1,16 +1,18 @@
 """``delaylab reproduce``: the paper's six findings at small scale, each beside the theory's prediction.
 
 ``reproduce(preset, out)`` runs (or reads) every run the report needs under ``out`` and writes
-``out/report.json``, ``out/report.md`` and ``out/repro_*.png``:
+``out/report.json``, ``out/report.md``, ``out/repro_*.png`` and ``out/runs.jsonl`` (one line per
+GPT run: enough to recompute every number without delaylab):
 
 1. sync vs one-step-delayed final val loss per optimizer (AdamW, Muon, Lion, SOAP, Adan, MARS);
 2. the share of the gap EF, DC-ASGD, sync start and sync cooldown recover;
 3. the gap against momentum; 4. sync and delayed loss against the peak lr;
 5. 2BW's constant delay against PipeDream's per-stage delays (simulator, per-group tau);
 6. the toy rate checks of :mod:`delaylab.toy.rates` (measured vs bound, slopes);
-7. the protocol's ablations (warmup, run length, DC-ASGD's lambda) and 8. a scale axis, where
-   the preset has them (:mod:`~delaylab.reproduce.protocol`); and a theory column of every number
-   the theory gives against the measured one.
+7. the protocol's ablations (warmup, run length, DC-ASGD's lambda) and 8. the tokens-per-parameter
+   and model-size axes, where the preset has them (:mod:`~delaylab.reproduce.protocol`); and a
+   theory column of every number the theory gives against the measured one. Verdicts are
+   three-valued, by one rule (:mod:`~delaylab.reproduce.verdicts`).
 
 Modules: :mod:`~delaylab.reproduce.presets` (the grids), :mod:`~delaylab.reproduce.plan`
 (which runs each finding needs), :mod:`~delaylab.reproduce.runner` (the resumable pool),
@@ -60,7 +62,7 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_folder(p, out)
-    base = p.llm.base
+    base = p.base
     load_dataset(base.get("data", "shakespeare"), base.get("tokenizer", "byte"))  # tokenize once, not per worker
     start = datetime.datetime.now().astimezone()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -73,12 +75,20 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
         status = "failed"
         raise
     finally:  # every session is kept, so a report resumed after a kill shows all the time it took
+        end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         session = {"date": start.isoformat(timespec="seconds"), "status": status, "jobs": jobs,
-                   "cpus": os.cpu_count(), "load_start": None if load is None else round(load, 2), **counts}
+                   "cpus": os.cpu_count(), "load_start": None if load is None else round(load, 2),
+                   "load_end": None if end is None else round(end, 2), **counts}
         with open(out / SESSIONS, "a") as f:
             f.write(json.dumps(session) + "\n")
     sessions = [json.loads(line) for line in (out / SESSIONS).read_text().splitlines() if line.strip()]
     rep = report.build(p, out, sessions)
     write_json(out / "report.json", rep)
     (out / "report.md").write_text(report.markdown(rep))
+    from delaylab._io import dumps
+
+    lines = report.runs_jsonl(p, out)
+    tmp = out / (report.RUNS + ".tmp")
+    tmp.write_text("".join(dumps(line) + "\n" for line in lines))
+    os.replace(tmp, out / report.RUNS)
     return rep

@@ -177,7 +177,7 @@ def plot_ablations(part7: dict):
             for r in rows["dc"]:
                 by_opt.setdefault(r["optimizer"], []).append(r)
             for i, (o, rs) in enumerate(by_opt.items()):
-                pts = [(r["lambda"], r["recovered"]["ratio_of_means"], r["recovered"].get("ci_boot")) for r in rs
+                pts = [(r["lambda"], r["recovered"]["ratio_of_means"], r["recovered"].get("ci")) for r in rs
                        if r["lambda"] is not None and r["recovered"] and r["recovered"]["ratio_of_means"] is not None]
                 if pts:
                     ys = [y for _, y, _ in pts]
@@ -192,7 +192,7 @@ def plot_ablations(part7: dict):
             ax.axhline(0, color="black", lw=0.8)
             ax.set_xlabel("lambda")
             ax.set_ylabel("gap recovered (%)")
-            ax.set_title("DC-ASGD: share of the gap recovered (95% bootstrap)", fontsize=9)
+            ax.set_title("DC-ASGD: share of the gap recovered (95% Fieller, where bounded)", fontsize=9)
             ax.legend(frameon=False, fontsize=7)
             ax.grid(alpha=0.3, which="both")
             continue
@@ -219,39 +219,48 @@ def plot_ablations(part7: dict):
 
 
 def plot_scale(part8: dict):
-    """Gap to sync (per seed and mean) and EF's recovered share against parameters (log x)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    """Gap to sync (mean, 95% t interval; dots: seeds) and EF's recovered share (95% Fieller where
+    bounded) against tokens per parameter (log x), one line per (optimizer, model size)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     rows = part8["rows"]
     opts = list(dict.fromkeys(o for e in rows for o in e["optimizers"]))
+    sizes = list(dict.fromkeys(e["size"] for e in rows))
+    styles = ["-", "--", ":", "-."]
     for i, o in enumerate(opts):
-        xs = [e["params"] for e in rows if o in e["optimizers"]]
-        sts = [e["optimizers"][o] for e in rows if o in e["optimizers"]]
-        for x, st in zip(xs, sts):
-            vals = [v for v in st["gap"]["values"] if v is not None]
-            a.scatter([x] * len(vals), vals, s=10, color=f"C{i}", alpha=0.5)
-        a.plot(xs, [math.nan if st["gap"]["mean"] is None else st["gap"]["mean"] for st in sts], marker="o",
-               color=f"C{i}", label=f"{o} gap")
-        rec = [(x, st.get("recovered") or {}) for x, st in zip(xs, sts)]
-        pts = [(x, r["ratio_of_means"], r.get("ci_boot")) for x, r in rec if r.get("ratio_of_means") is not None]
-        if pts:
-            b.errorbar([x for x, _, _ in pts], [y for _, y, _ in pts],
-                       [[y - ci[0] if ci else 0.0 for _, y, ci in pts], [ci[1] - y if ci else 0.0 for _, y, ci in pts]],
-                       marker="o", capsize=2, color=f"C{i}", label=f"{o} EF")
+        for j, size in enumerate(sizes):
+            mine = [e for e in rows if e["size"] == size and o in e["optimizers"]]
+            if not mine:
+                continue
+            xs = [e["tokens_per_param"] for e in mine]
+            sts = [e["optimizers"][o] for e in mine]
+            label = f"{o}, {size}"
+            for x, st in zip(xs, sts):
+                vals = [v for v in st["gap"]["values"] if v is not None]
+                a.scatter([x] * len(vals), vals, s=8, color=f"C{i}", alpha=0.4)
+            ys = [math.nan if st["gap"]["mean"] is None else st["gap"]["mean"] for st in sts]
+            err = [[y - st["gap"]["ci"][0] if st["gap"]["ci"] else 0.0 for y, st in zip(ys, sts)],
+                   [st["gap"]["ci"][1] - y if st["gap"]["ci"] else 0.0 for y, st in zip(ys, sts)]]
+            a.errorbar(xs, ys, err, marker="o", ms=4, capsize=2, color=f"C{i}", ls=styles[j % 4], label=label)
+            rec = [(x, st.get("recovered") or {}) for x, st in zip(xs, sts)]
+            pts = [(x, r["ratio_of_means"], r.get("ci")) for x, r in rec if r.get("ratio_of_means") is not None]
+            if pts:
+                b.errorbar([x for x, _, _ in pts], [y for _, y, _ in pts],
+                           [[y - ci[0] if ci else 0.0 for _, y, ci in pts],
+                            [ci[1] - y if ci else 0.0 for _, y, ci in pts]],
+                           marker="o", ms=4, capsize=2, color=f"C{i}", ls=styles[j % 4], label=f"{label} EF")
     b.axhspan(50, 90, color="0.9", label="paper: 50-90%")
-    sizes = [e["params"] for e in rows]
     for ax in (a, b):
         ax.set_xscale("log")
-        ax.set_xticks(sizes, [f"{e['size']}\n{e['params'] / 1e6:.2g}M" for e in rows])
-        ax.minorticks_off()
-        ax.set_xlabel("parameters")
+        ax.set_xlabel("tokens per parameter")
         ax.grid(alpha=0.3, which="both")
         ax.legend(frameon=False, fontsize=7)
+        ax.axvline(20, color="0.5", lw=0.8, ls=":")
     a.axhline(0, color="black", lw=0.8)
     a.set_ylabel("delayed - sync val loss")
-    a.set_title("gap to sync against model size (dots: seeds)", fontsize=9)
+    a.set_title("gap to sync against tokens per parameter (95% t; dots: seeds; 20 = the paper's)", fontsize=8)
     b.axhline(0, color="black", lw=0.8)
     b.set_ylabel("gap recovered by EF (%)")
-    b.set_title("EF recovery against model size (95% bootstrap)", fontsize=9)
+    b.set_title("EF recovery against tokens per parameter (95% Fieller where bounded)", fontsize=8)
     fig.tight_layout()
     return fig
 

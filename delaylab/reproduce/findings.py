@@ -1,13 +1,18 @@
 """The six findings: each reads its runs from ``DIR`` and returns a JSON-ready part of the report.
 
 A part is ``{"id", "key", "title", "paper", "theory", "rows", "verdicts", "headline",
-"reproduced", "theory_agrees"}``. Every number in ``rows`` is computed here from the runs'
-``summary.json`` (GPT runs: final val loss; toy runs: the rate check's own fields), and each
-row names the folders it came from under ``runs``. A verdict is ``{"claim", "predicted",
-"measured", "agree", "line"}``: ``agree`` is True, False or None (nothing to compare) and
-``line`` says it in one sentence. "Reproduced" sets the measurement against the paper's
-finding, "theory agrees" against the prediction of :mod:`delaylab.reproduce.predict`; both
-are ``yes``, ``partly`` (at least half), ``no`` or ``n.a.``.
+"reproduced", "theory_agrees", "theory_numbers"}``. Every number in ``rows`` is computed here
+from the runs' ``summary.json`` (GPT runs: final val loss; toy runs: the rate check's own
+fields), and each row names the folders it came from under ``runs``.
+
+A verdict is ``{"claim", "predicted", "measured", "kind", "state", "score", "line"}``: ``kind``
+is ``paper`` (set against the paper's finding), ``theory`` (against a number the theory
+yields) or ``note`` (shown, not scored: a direction without a number, a sketch);
+``state`` is agrees / disagrees / undetermined by the one rule of
+:mod:`delaylab.reproduce.verdicts`, whose inputs ``score`` keeps. A part's "reproduced" and
+"theory agrees" are :func:`~delaylab.reproduce.verdicts.aggregate` of its scored states.
+Intervals: Student-t for means and paired differences, Fieller's for ratios
+(:mod:`delaylab.llm.metrics`); an optimum at the edge of its lr grid is censored.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
+from delaylab.reproduce import verdicts as V
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import read_summary
 
@@ -28,72 +34,27 @@ from delaylab.reproduce.runner import read_summary
 PAPER_LOSSES = {"adamw": (2.612, 2.890), "muon": (2.578, 2.590)}
 PAPER_DEGRADES = ("adamw", "mars")
 PAPER_ROBUST = ("muon", "soap", "lion", "adan")
+PAPER_EF = (50.0, 90.0)  # "EF recovers 50-90% of the gap"
 
 
 # -- helpers ----------------------------------------------------------------------------------------
 
 
 def stats(values: list) -> dict:
-    """mean, sample std and a 95% Student-t interval over the finite values (None where none);
-    the interval is :func:`delaylab.llm.metrics.t_interval` (a point for one value)."""
+    """mean, sample std and a 95% Student-t interval over the finite values (None where none, or
+    for one value)."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     out = {"values": values, "n": len(vals), "diverged": len(values) - len(vals)}
     if not vals:
         return {**out, "mean": None, "std": None, "ci": None}
     mean = float(np.mean(vals))
     std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-    return {**out, "mean": mean, "std": std, "ci": metrics.t_interval(vals) or [mean, mean]}
+    return {**out, "mean": mean, "std": std, "ci": metrics.t_interval(vals)}
 
 
 def _resolved(s: dict | None) -> bool:
-    """A gap whose 95% interval over seeds excludes zero (and that no divergence hides)."""
-    return bool(s and s["ci"] is not None and s["diverged"] == 0 and s["n"] > 1 and s["ci"][0] > 0)
-
-
-def _sign(s: dict | None) -> int:
-    """+1 / -1 where the 95% interval of a per-seed difference excludes zero, 0 where it does not."""
-    if not s or s["ci"] is None or s["n"] < 2 or s["diverged"]:
-        return 0
-    return 1 if s["ci"][0] > 0 else -1 if s["ci"][1] < 0 else 0
-
-
-def _gap_diff(a: dict, b: dict) -> dict:
-    """Per-seed difference of two rows' gaps (every row has seeds 0..n-1, so they pair up)."""
-    va, vb = a["gap"]["values"], b["gap"]["values"]
-    return stats([None if x is None or y is None else x - y for x, y in zip(va, vb)])
-
-
-def _order(pairs: list[tuple[dict, dict]]) -> dict:
-    """How many (larger, smaller) pairs of rows have the first gap larger: by the mean, and
-    resolved at 95% (the per-seed difference's interval) either way."""
-    diffs = [_gap_diff(a, b) for a, b in pairs]
-    return {"n": len(pairs), "by_mean": sum((d["mean"] or 0) > 0 for d in diffs),
-            "resolved": sum(_sign(d) > 0 for d in diffs), "resolved_against": sum(_sign(d) < 0 for d in diffs)}
-
-
-def _order_text(o: dict, what: str) -> str:
-    return (f"{o['by_mean']}/{o['n']} {what} by the mean ({o['resolved']} resolved at 95%, "
-            f"{o['resolved_against']} resolved the other way)")
-
-
-def _order_state(o: dict) -> str:
-    """yes: every pair resolved in the predicted order; partly: some are and none is resolved the
-    other way; no: otherwise (n.a. without pairs)."""
-    if not o["n"]:
-        return "n.a."
-    if o["resolved"] == o["n"]:
-        return "yes"
-    return "partly" if o["resolved"] and not o["resolved_against"] else "no"
-
-
-def _resolved_state(flags: list) -> str:
-    """Like :func:`_order_state` for per-comparison flags (None: not resolved)."""
-    return _order_state({"n": len(flags), "resolved": sum(f is True for f in flags),
-                         "resolved_against": sum(f is False for f in flags)})
-
-
-def _order_agree(o: dict) -> bool | None:
-    return True if _order_state(o) == "yes" else False if o["resolved_against"] else None
+    """A gap whose 95% interval over seeds excludes zero on the positive side (and that no divergence hides)."""
+    return bool(s and s["ci"] is not None and s["diverged"] == 0 and s["ci"][0] > 0)
 
 
 def _by_seed(rows: list[dict], **match) -> dict[int, dict]:
@@ -109,34 +70,14 @@ def _paired(a: dict[int, dict], b: dict[int, dict]) -> list:
     return out
 
 
-def _slope(xs: list[float], ys: list) -> float | None:
-    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
-    if len(pts) < 2:
-        return None
-    return float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
+def _diff(a: dict, b: dict) -> dict:
+    """Per-seed ``a - b`` of two gap stats over the seeds both have (values are in seed order 0..)."""
+    va, vb = a["values"], b["values"]
+    return stats([None if x is None or y is None else x - y for x, y in zip(va, vb)])
 
 
-def _verdict(claim: str, predicted: str, measured: str, agree: bool | None, line: str) -> dict:
-    return {"claim": claim, "predicted": predicted, "measured": measured, "agree": agree, "line": line}
-
-
-def _tristate(ok: int, n: int) -> str:
-    if n == 0:
-        return "n.a."
-    return "yes" if ok == n else "partly" if 2 * ok >= n else "no"
-
-
-def _agg(flags: list) -> str:
-    flags = [f for f in flags if f is not None]
-    return _tristate(sum(flags), len(flags))
-
-
-THEORY_SAYS = {"yes": "Theory agrees", "partly": "Theory agrees in part", "no": "Theory disagrees",
-               "n.a.": "Theory has nothing to compare"}
-
-
-def _theory_says(ok: int, n: int) -> str:
-    return THEORY_SAYS[_tristate(ok, n)]
+def _issues(rows) -> list[str]:
+    return sorted({i for r in rows for i in r.get("issues", ())})
 
 
 def _fmt(x, spec="+.3f") -> str:
@@ -144,9 +85,14 @@ def _fmt(x, spec="+.3f") -> str:
 
 
 def _ci(s: dict | None, spec="+.3f") -> str:
-    """``[lo, hi]`` of a stats dict (t interval) or a metrics dict (``ci_boot``); empty without one."""
-    ci = None if not s else s.get("ci") or s.get("ci_boot")
-    return "" if not ci else f"[{format(ci[0], spec)}, {format(ci[1], spec)}]"
+    """``[lo, hi]`` of a stats dict (``ci``) or a ratio's Fieller set (``set``); empty without one."""
+    if not s:
+        return ""
+    if s.get("ci"):
+        return f"[{format(s['ci'][0], spec)}, {format(s['ci'][1], spec)}]"
+    if s.get("set"):
+        return metrics.fmt_set(s["set"], spec.lstrip("+"))
+    return ""
 
 
 def _key(x) -> float:
@@ -154,12 +100,57 @@ def _key(x) -> float:
     return math.inf if x is None else x
 
 
+def _slope(xs: list[float], ys: list) -> float | None:
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    if len(pts) < 2:
+        return None
+    return float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
+
+
+def verdict(kind: str, claim: str, predicted: str, measured: str, sc: dict | None = None, line: str = "") -> dict:
+    """A verdict line: scored (``sc`` from :func:`delaylab.reproduce.verdicts.score`) or a note."""
+    state = None if sc is None else sc["state"]
+    if not line:
+        line = f"{claim}: {measured}"
+        if sc is not None:
+            reason = V.why(sc)
+            line += f" -> {state}" + (f" ({reason})" if reason else "")
+    return {"claim": claim, "predicted": predicted, "measured": measured, "kind": kind, "state": state,
+            "score": sc, "line": line}
+
+
+def part_states(verdicts: list[dict], numbers: list[dict]) -> dict:
+    """The one aggregation: "reproduced" over the paper's scored verdicts, "theory agrees" over
+    the theory's scored numbers ("qualitative" where the theory gives none to score)."""
+    paper = [v["state"] for v in verdicts if v["kind"] == "paper"]
+    theory = [n["state"] for n in numbers if n.get("state") is not None]
+    return {"reproduced": V.aggregate(paper), "reproduced_counts": V.counts(paper),
+            "theory_agrees": V.aggregate(theory) if theory else ("qualitative" if numbers else "n.a."),
+            "theory_counts": V.counts(theory)}
+
+
+def theory_number(quantity: str, predicted: float | None, measured: float | None, interval, source: str, *,
+                  null: float, unit: str = "x", censored: bool = False, issues=(), set_=None) -> dict:
+    """One scored row of the theory column: the theory's number against the measured interval."""
+    sc = V.score(quantity, interval, predicted, null, censored=censored, issues=issues, measured=measured)
+    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": interval,
+            "set": set_, "unit": unit, "source": source, "state": sc["state"], "score": sc, "note": ""}
+
+
+def qualitative(quantity: str, what: str, note: str = "qualitative", measured=None, ci=None, set_=None,
+                predicted=None) -> dict:
+    """A theory-column row that is shown and not scored: a direction without a number
+    (``qualitative``) or a number derived beside the theory (``sketch``)."""
+    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": ci, "set": set_, "unit": "",
+            "source": what, "state": None, "score": None, "note": note}
+
+
 def _cell_row(rows: list[dict], opt: str, lr: float, mom, modes) -> dict:
     """Val-loss stats of each mode at one (optimizer, lr, momentum), the per-seed gaps to sync
     (``<mode>_gap``; ``gap`` for delayed) and the run folders behind them."""
     sel = [r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)]
     sync = _by_seed(sel, mode="sync")
-    out = {"optimizer": opt, "lr": lr, "momentum": mom, "runs": {}}
+    out = {"optimizer": opt, "lr": lr, "momentum": mom, "runs": {}, "issues": _issues(sel)}
     for mode in modes:
         runs = _by_seed(sel, mode=mode)
         out[mode] = stats([runs[s]["val_loss"] for s in sorted(runs)])
@@ -169,26 +160,34 @@ def _cell_row(rows: list[dict], opt: str, lr: float, mom, modes) -> dict:
     return out
 
 
-def by_lr(rows: list[dict], opt: str, mode: str, mom) -> dict[float, dict[int, float | None]]:
-    """``{lr: {seed: val_loss}}`` of one optimizer's ``mode`` runs at momentum ``mom``."""
+def by_lr(rows: list[dict], opt: str, mode: str, mom, seeds=None) -> dict[float, dict[int, float | None]]:
+    """``{lr: {seed: val_loss}}`` of one optimizer's ``mode`` runs at momentum ``mom`` (``seeds``: only those)."""
     out: dict = {}
     for r in rows:
-        if (r["optimizer"], r["mode"], r["momentum"]) == (opt, mode, mom):
+        if (r["optimizer"], r["mode"], r["momentum"]) == (opt, mode, mom) and (seeds is None or r["seed"] in seeds):
             out.setdefault(r["lr"], {})[r["seed"]] = r["val_loss"]
     return out
 
 
-def tuned_gap(rows: list[dict], opt: str, mom, mode: str = "delayed") -> dict:
-    """The gap with each mode tuned on its own: ``mode`` at its best mean lr minus sync at its
-    best mean lr, per seed (the seeds both lrs have)."""
-    best = {}
+def _best_lr(grid: dict[float, dict]) -> float | None:
+    return min(grid, key=lambda lr: _key(stats(list(grid[lr].values()))["mean"])) if grid else None
+
+
+def tuned_gap(rows: list[dict], opt: str, mom, mode: str = "delayed", seeds=None) -> dict:
+    """The gap with each mode tuned on its own: ``mode`` at its best mean lr minus sync at its best
+    mean lr (decided on ``seeds``), per seed over the seeds both lrs have; ``censored`` per mode."""
+    best, censored = {}, {}
     for m in ("sync", mode):
-        grid = by_lr(rows, opt, m, mom)
-        best[m] = min(grid, key=lambda lr: _key(stats(list(grid[lr].values()))["mean"])) if grid else None
+        grid = by_lr(rows, opt, m, mom, seeds)
+        best[m] = _best_lr(grid)
+        lrs = sorted(grid)
+        censored[m] = None if best[m] is None else "low" if best[m] == lrs[0] else "high" if best[m] == lrs[-1] \
+            else None
     if None in best.values():
-        return {"sync_lr": best["sync"], "lr": best[mode], "gap": stats([])}
+        return {"sync_lr": best["sync"], "lr": best[mode], "gap": stats([]), "censored": censored}
     sync, other = by_lr(rows, opt, "sync", mom)[best["sync"]], by_lr(rows, opt, mode, mom)[best[mode]]
-    return {"sync_lr": best["sync"], "lr": best[mode], "gap": stats(metrics.paired(sync, other)[1])}
+    return {"sync_lr": best["sync"], "lr": best[mode], "gap": stats(metrics.paired(sync, other)[1]),
+            "censored": censored}
 
 
 def diagnostics_of(grid_row: dict) -> dict:
@@ -200,99 +199,94 @@ def diagnostics_of(grid_row: dict) -> dict:
     return out
 
 
-def theory_number(quantity: str, predicted: float | None, measured: float | None, ci, source: str,
-                  unit: str = "x", note: str = "") -> dict:
-    """One row of the theory column: the theory's number against the measured one. ``agree``:
-    the prediction lies in the measured 95% interval (None: no interval, or no number)."""
-    agree = None
-    if predicted is not None and ci is not None:
-        agree = bool(ci[0] <= predicted <= ci[1])
-    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": ci, "unit": unit,
-            "source": source, "agree": agree, "note": note}
-
-
-def qualitative(quantity: str, what: str) -> dict:
-    """A theory-column row where the theory gives a direction but no number to compare."""
-    return {"quantity": quantity, "predicted": None, "measured": None, "ci": None, "unit": "", "source": what,
-            "agree": None, "note": "qualitative"}
-
-
-def numeric_state(numbers: list[dict]) -> str:
-    """The part's "theory agrees" from its numeric rows: yes / partly / no, ``qualitative``
-    where the theory gives no number, ``n.a.`` where there is a number but nothing resolved."""
-    rows = [n for n in numbers if n["note"] != "qualitative"]
-    if not rows:
-        return "qualitative" if numbers else "n.a."
-    return _agg([n["agree"] for n in rows])
+def overhead_of(p: Preset, out: Path, best: dict, opt: str, mode: str) -> dict | None:
+    """The iso-loss overhead of ``opt``'s ``mode`` runs at the best sync lr, each seed measured by
+    the shortest run (1x, then the longer ones) that reaches its sync run's final loss."""
+    if opt not in p.llm.overhead:
+        return None
+    plans = P.overhead_plan(p, out, best)
+    per = [plans[(opt, mode, s)] for s in range(P.seeds(p, opt)) if (opt, mode, s) in plans]
+    if not per:
+        return None
+    res = metrics.overhead_over_seeds([x["overhead"] for x in per], max_length=max((1, *p.llm.overhead_lengths)))
+    res["lengths"] = [x["length"] for x in per]
+    res["runs"] = [[r.folder for r in x["runs"]] for x in per]
+    return res
 
 
 # -- 1: optimizer sensitivity ----------------------------------------------------------------------
 
 
 def optimizers(p: Preset, out: Path) -> dict:
-    rows = P.records(out, P.grid(p), curves=True)
-    summ = summarize(rows)
-    best = summ["best"]
-    cells = {(r["optimizer"], r["lr"], r["momentum"]): r for r in summ["grid"]}
+    best = P.best_sync(p, out)
+    rows = P.records(out, P.grid(p, out) + P.headline(p, out, best), curves=True)
+    cells = {(r["optimizer"], r["lr"], r["momentum"]): r for r in summarize(rows)["grid"]}
     table = []
     for opt in p.llm.optimizers:
+        base_seeds = set(range(P.seeds(p, opt)))
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
         row = _cell_row(rows, opt, lr, mom, ("sync", "delayed"))
+        row["censored"] = best[opt]["censored"]
+        row["lrs"] = best[opt]["lrs"]
+        row["power"] = P.headline_seeds(p, out, opt, best) if opt in p.llm.headline else None
         cell = cells[(opt, lr, mom)]
-        row["overhead"] = (cell.get("overhead") or {}).get("delayed")
+        row["overhead"] = {m: o for m in ("delayed", "ef") for o in [overhead_of(p, out, best, opt, m)] if o}
         row["diagnostics"] = diagnostics_of(cell)
-        row["neighbourhood"] = [{"lr": x, "gap": _cell_row(rows, opt, x, mom, ("sync", "delayed"))["gap"]}
-                                for x in P.neighbours(p.llm.lrs[opt], lr)]
-        row["tuned"] = tuned_gap(rows, opt, mom)
+        row["neighbourhood"] = [{"lr": x, "gap": _cell_row([r for r in rows if r["seed"] in base_seeds], opt, x,
+                                                           mom, ("sync", "delayed"))["gap"]}
+                                for x in P.neighbours(best[opt]["lrs"], lr)]
+        row["tuned"] = tuned_gap(rows, opt, mom, seeds=base_seeds)
         g, s = row["gap"]["mean"], row["sync"]["mean"]
         row["relative_gap_pct"] = None if g is None or not s else 100 * g / s
         row["resolved"] = _resolved(row["gap"])
-        row["prediction"] = predict.optimizer_prediction(opt, best[opt]["momentum"])
+        row["prediction"] = predict.optimizer_prediction(opt, mom)
         paper = PAPER_LOSSES.get(opt)
         row["paper_gap"] = None if paper is None else paper[1] - paper[0]
         table.append(row)
-    gap = {r["optimizer"]: r["gap"]["mean"] for r in table}
     by = {r["optimizer"]: r for r in table}
-    kinds = {r["optimizer"]: r["prediction"]["kind"] for r in table}
-    paper = _order([(by[d], by[r]) for d in PAPER_DEGRADES for r in PAPER_ROBUST if d in by and r in by])
-    theory = _order([(by[a], by[b]) for a in by for b in by if kinds[a] == "adam" and kinds[b] == "lmo"])
+    gap = {o: r["gap"]["mean"] for o, r in by.items()}
     listing = ", ".join(f"{o} {_fmt(v)}" for o, v in gap.items())
+    verdicts = []
+    for d in PAPER_DEGRADES:
+        for r in PAPER_ROBUST:
+            if d not in by or r not in by:
+                continue
+            diff = _diff(by[d]["gap"], by[r]["gap"])
+            sc = V.score(f"{d} gap > {r} gap", diff["ci"], (0, None), 0.0,
+                         censored=bool(by[d]["censored"] or by[r]["censored"]),
+                         issues=by[d]["issues"] + by[r]["issues"], measured=diff["mean"])
+            verdicts.append(verdict("paper", f"{d} degrades more than {r}", "paper: gap difference > 0",
+                                    f"gap difference {_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds", sc))
+    kinds = {o: r["prediction"]["kind"] for o, r in by.items()}
     lmo = ", ".join(f"{r['optimizer']} {r['prediction']['relative_penalty']:.3f}" for r in table
                     if kinds[r["optimizer"]] == "lmo")
     adam = ", ".join(f"{r['optimizer']} {r['prediction']['stable_shrink']:.0f}x" for r in table
                      if kinds[r["optimizer"]] == "adam")
-    paper_text = _order_text(paper, "(degrading, robust) pairs in the paper's order")
-    theory_text = _order_text(theory, "(Adam-type, LMO) pairs with the larger gap on the Adam-type side")
-    verdicts = [
-        _verdict("AdamW and MARS degrade under a one-step delay; Muon, SOAP, Lion and Adan far less",
-                 "paper: gap(degrading) > gap(robust) for every pair", paper_text,
-                 _order_agree(paper), f"Reproduced: {_order_state(paper)}: {paper_text}; gaps {listing}."),
-        _verdict("LMO methods (Muon, Lion) are less delay-sensitive than Adam-type ones",
-                 f"theory: LMO relative penalty {lmo or '-'}; Adam-type stable range shrinks {adam or '-'}",
-                 theory_text, None,
-                 f"Theory (qualitative: an order, no number): {theory_text}."),
-    ]
-    if "adamw" in by and "muon" in by and gap["adamw"] is not None and gap["muon"] is not None:
-        a, m = gap["adamw"], gap["muon"]
-        paper_ratio = (PAPER_LOSSES["adamw"][1] - PAPER_LOSSES["adamw"][0]) / (
-            PAPER_LOSSES["muon"][1] - PAPER_LOSSES["muon"][0])
-        ratio = f"{a / m:.1f}x" if m > 0 else "n/a"
-        d = _gap_diff(by["adamw"], by["muon"])
-        sign = _sign(d)
+    pairs = [(a, b) for a in by for b in by if kinds[a] == "adam" and kinds[b] == "lmo"]
+    by_mean = sum((_diff(by[a]["gap"], by[b]["gap"])["mean"] or 0) > 0 for a, b in pairs)
+    order_text = f"{by_mean}/{len(pairs)} (Adam-type, LMO) pairs with the larger gap on the Adam-type side by the mean"
+    verdicts.append(verdict("note", "LMO methods (Muon, Lion) are less delay-sensitive than Adam-type ones",
+                            f"theory (a direction, no number): LMO relative penalty {lmo or '-'}; Adam-type stable "
+                            f"range shrinks {adam or '-'}", order_text,
+                            line=f"Theory (a direction, not scored): {order_text}."))
+    adamw_vs_muon = None
+    if "adamw" in by and "muon" in by:
+        d = _diff(by["adamw"]["gap"], by["muon"]["gap"])
         tuned = stats([None if x is None or y is None else x - y for x, y in
                        zip(by["adamw"]["tuned"]["gap"]["values"], by["muon"]["tuned"]["gap"]["values"])])
-        t_sign = _sign(tuned)
-        verdicts.append(_verdict(
-            "AdamW +0.278 vs Muon +0.012 at 360M", f"paper: AdamW's gap {paper_ratio:.0f}x Muon's",
-            f"AdamW {a:+.3f} vs Muon {m:+.3f} ({ratio}); difference {_fmt(d['mean'])} {_ci(d)}",
-            None if not sign else sign > 0,
-            f"AdamW {a:+.3f} vs Muon {m:+.3f} ({ratio}; paper {paper_ratio:.0f}x): the difference "
-            f"{_fmt(d['mean'])} {_ci(d)} is " + ("resolved" if sign else "not resolved") + " at 95% over seeds; "
-            f"with each mode's lr tuned on its own, {_fmt(tuned['mean'])} {_ci(tuned)} ("
-            + ("resolved" if t_sign else "not resolved") + ")."))
-        adamw_vs_muon = {"at_sync_lr": d, "tuned": tuned}
-    else:
-        adamw_vs_muon = None
+        paper_ratio = (PAPER_LOSSES["adamw"][1] - PAPER_LOSSES["adamw"][0]) / (
+            PAPER_LOSSES["muon"][1] - PAPER_LOSSES["muon"][0])
+        ratio = metrics.fieller(by["adamw"]["gap"]["values"], by["muon"]["gap"]["values"])
+        adamw_vs_muon = {"at_sync_lr": d, "tuned": tuned, "ratio": ratio}
+        verdicts.append(verdict(
+            "note", "AdamW +0.278 vs Muon +0.012 at 360M", f"paper: AdamW's gap {paper_ratio:.0f}x Muon's",
+            f"AdamW {_fmt(gap['adamw'])} vs Muon {_fmt(gap['muon'])}",
+            line=f"AdamW {_fmt(gap['adamw'])} vs Muon {_fmt(gap['muon'])}: ratio {_fmt(ratio['ratio'], '.2g')} "
+                 f"{_ci(ratio, '.2g')} (paper {paper_ratio:.0f}x); with each mode's lr tuned on its own the "
+                 f"difference is {_fmt(tuned['mean'])} {_ci(tuned)} (not scored: the pair above is)."))
+    numbers = [qualitative("gap order, Adam-type > LMO", "the theory gives the LMO relative penalty "
+                           f"({lmo or '-'}) and Adam's stable-range shrink ({adam or '-'}), no gap in loss units: "
+                           + order_text)]
     return {"id": 1, "key": "optimizers", "title": "Optimizer sensitivity to a one-step delay",
             "paper": "360M: AdamW 2.612 sync vs 2.890 delayed (+0.278), Muon 2.578 vs 2.590 (+0.012); MARS "
                      "degrades like AdamW, SOAP, Lion and Adan far less.",
@@ -300,44 +294,41 @@ def optimizers(p: Preset, out: Path) -> dict:
                       "penalty tau/lag, Theorem 1). Adam-type: with a frozen preconditioner a one-step delay "
                       "shrinks the stable eta*lambda from 2(1+beta1)/(1-beta1) to 1 (theory.stability).",
             "rows": table, "verdicts": verdicts, "headline": f"gap at the best sync lr: {listing}",
-            "order": {"paper": paper, "theory": theory}, "adamw_vs_muon": adamw_vs_muon,
-            "theory_numbers": [qualitative("gap order, Adam-type > LMO", "the theory gives the LMO relative penalty "
-                                           f"({lmo or '-'}) and Adam's stable-range shrink ({adam or '-'}), no gap in "
-                                           "loss units: " + theory_text)],
-            "reproduced": _order_state(paper), "theory_agrees": "qualitative"}
+            "adamw_vs_muon": adamw_vs_muon, "theory_numbers": numbers, **part_states(verdicts, numbers)}
 
 
 # -- 2: mitigations --------------------------------------------------------------------------------
 
 
 def _recovered(rows: list[dict], fix: str) -> dict:
-    """Share of the gap a mitigation recovers, of the mean gap and per seed. sweep.summarize is
-    where that share is defined; it knows the modes ef and dc-asgd, so every mitigation's runs
-    are handed to it under the name ef."""
-    mine = [dict(r, mode="ef") for r in rows if r["mode"] == fix]
-    base = [r for r in rows if r["mode"] in ("sync", "delayed")]
-    rec = summarize(base + mine)["grid"][0].get("ef_recovered_pct", {"of_mean_gap": None, "values": []})
-    return {"of_mean_gap": rec["of_mean_gap"], "per_seed": stats(rec["values"]),
-            "ratio_of_means": rec.get("ratio_of_means"), "ci_boot": rec.get("ci_boot"),
-            "median": rec.get("median"), "unstable": rec.get("unstable", True)}
+    """Share of the gap a mitigation recovers (:func:`delaylab.llm.metrics.recovery`, Fieller's set)."""
+    by = {m: {r["seed"]: r["val_loss"] for r in rows if r["mode"] == m} for m in ("sync", "delayed", fix)}
+    rec = metrics.recovery(by["sync"], by["delayed"], by[fix])
+    return {**rec, "per_seed": stats(rec["values"])}
 
 
-def _tuned_recovery(rows: list[dict], opt: str, mom) -> dict:
-    """EF's recovery with every mode at its own best lr: 100 (1 - mean EF gap / mean delayed gap),
-    gaps paired by seed against sync at its best lr; the interval from the ratio's bootstrap."""
-    sel = list({(r["mode"], r["lr"], r["seed"]): r for r in rows if r["mode"] in ("sync", "delayed", "ef")}.values())
-    delayed, ef = tuned_gap(sel, opt, mom), tuned_gap(sel, opt, mom, mode="ef")
-    ratio = metrics.mean_ratio(dict(enumerate(ef["gap"]["values"])), dict(enumerate(delayed["gap"]["values"])))
-    ci = ratio["ci_boot"]
+def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
+    """EF's recovery with every mode at its own best lr (decided on ``seeds``): 100 (1 - mean EF gap /
+    mean delayed gap), gaps paired by seed against sync at its best lr; Fieller's set."""
+    # one row per run: a run read twice (main grid and EF lrs) counts once; other optimizers' rows
+    # at the same lr are different runs (the key names the optimizer and momentum)
+    sel = list({(r["optimizer"], r["momentum"], r["mode"], r["lr"], r["seed"]): r for r in rows
+                if r["mode"] in ("sync", "delayed", "ef")}.values())
+    delayed, ef = tuned_gap(sel, opt, mom, seeds=seeds), tuned_gap(sel, opt, mom, mode="ef", seeds=seeds)
+    n = min(len(delayed["gap"]["values"]), len(ef["gap"]["values"]))
+    ratio = metrics.fieller(ef["gap"]["values"][:n], delayed["gap"]["values"][:n])
+    pieces = metrics.map_set(ratio["set"], -100.0, 100.0)
+    censored = {"sync": delayed["censored"]["sync"], "delayed": delayed["censored"]["delayed"],
+                "ef": ef["censored"]["ef"]}
     return {"optimizer": opt, "sync_lr": delayed["sync_lr"], "delayed_lr": delayed["lr"], "ef_lr": ef["lr"],
-            "delayed_gap": delayed["gap"], "ef_gap": ef["gap"],
+            "delayed_gap": delayed["gap"], "ef_gap": ef["gap"], "censored": censored, "n": ratio["n"],
             "recovered": None if ratio["ratio"] is None else 100 * (1 - ratio["ratio"]),
-            "ci_boot": None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])], "unstable": ratio["unstable"]}
+            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces, "issues": _issues(sel)}
 
 
 def mitigations(p: Preset, out: Path) -> dict:
     best = P.best_sync(p, out)
-    rows = P.records(out, P.grid(p)) + P.records(out, P.mitigations(p, best))
+    rows = P.records(out, P.grid(p, out) + P.headline(p, out, best) + P.mitigations(p, best, out))
     mits = p.llm.mitigations
     table = []
     for opt in p.llm.optimizers:
@@ -345,6 +336,7 @@ def mitigations(p: Preset, out: Path) -> dict:
         sel = [r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)]
         row = _cell_row(sel, opt, lr, mom, ("sync", "delayed", *mits))
         row["resolved"] = _resolved(row["gap"])
+        row["censored"] = best[opt]["censored"]
         for m in mits:
             row[f"{m}_recovered"] = _recovered(sel, m)
         row["prediction"] = predict.optimizer_prediction(opt, mom)
@@ -354,66 +346,58 @@ def mitigations(p: Preset, out: Path) -> dict:
              "sync-cooldown": predict.undelayed_share(p.llm.base, last=k)}
     ef_by_lr, ef_tuned = [], []
     if "ef" in mits and p.llm.ef_lrs:
-        ef_rows = P.records(out, P.ef_lrs(p, best))
+        ef_rows = P.records(out, P.ef_lrs(p, best, out))
         for opt in p.llm.ef_lrs:
-            mom = best[opt]["momentum"]
-            for lr in P.neighbours(p.llm.lrs[opt], best[opt]["lr"]):
+            mom, base_seeds = best[opt]["momentum"], set(range(P.seeds(p, opt)))
+            for lr in P.neighbours(best[opt]["lrs"], best[opt]["lr"]):
                 sel = [r for r in rows + ef_rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)
-                       and r["mode"] in ("sync", "delayed", "ef")]
+                       and r["mode"] in ("sync", "delayed", "ef") and r["seed"] in base_seeds]
                 sel = list({(r["mode"], r["seed"]): r for r in sel}.values())
                 cell = _cell_row(sel, opt, lr, mom, ("sync", "delayed", "ef"))
                 ef_by_lr.append({"optimizer": opt, "lr": lr, "gap": cell["gap"], "ef_gap": cell["ef_gap"],
                                  "recovered": _recovered(sel, "ef"), "runs": cell["runs"]})
-            ef_tuned.append(_tuned_recovery(rows + ef_rows, opt, mom))
-    numbers = []
-    resolved = [r for r in table if r["resolved"]]
-    verdicts, reproduced = [], "n.a."
+            ef_tuned.append(_tuned_recovery(rows + ef_rows, opt, mom, seeds=base_seeds))
+    verdicts, numbers = [], []
     if "ef" in mits:
-        ef = [(r["optimizer"], r["ef_recovered"]["of_mean_gap"]) for r in resolved]
-        ok = sum(v is not None and v >= 50 for _, v in ef)
-        reproduced = _tristate(ok, len(ef))
-        listing = ", ".join(f"{o} {_fmt(v, '.0f')}%" for o, v in ef) or "no optimizer has a resolved gap"
-        verdicts.append(_verdict(
-            "EF recovers 50-90% of the gap (up to ~90% for AdamW and MARS)", "paper: >= 50% wherever there is a gap",
-            f"EF recovers {listing}", None if not ef else ok == len(ef),
-            f"Reproduced: {reproduced} (EF recovers >= 50% on {ok}/{len(ef)} optimizers with a resolved gap: "
-            f"{listing})."))
-        adam = [r for r in resolved if r["prediction"]["kind"] == "adam"]
-        pos = sum((r["ef_recovered"]["of_mean_gap"] or 0) > 0 for r in adam)
+        for r in table:
+            rec = r["ef_recovered"]
+            sc = V.score(f"{r['optimizer']}: EF recovers 50-90% (at the best sync lr)", rec["ci"], PAPER_EF, 0.0,
+                         censored=bool(r["censored"]), issues=r["issues"], measured=rec["ratio_of_means"])
+            verdicts.append(verdict("paper", f"{r['optimizer']}: EF recovers 50-90% of the gap (best sync lr)",
+                                    "paper: 50-90%", f"{_fmt(rec['ratio_of_means'], '.0f')}% "
+                                    f"{_ci(rec, '.0f')} over {rec['n']} seeds", sc))
+        for t in ef_tuned:
+            cen = any(t["censored"].values())
+            sc = V.score(f"{t['optimizer']}: EF recovers 50-90% (each mode tuned)", t["ci"], PAPER_EF, 0.0,
+                         censored=cen, issues=t["issues"], measured=t["recovered"])
+            verdicts.append(verdict(
+                "paper", f"{t['optimizer']}: EF recovers 50-90% of the gap (each mode at its own best lr)",
+                "paper: 50-90%", f"{_fmt(t['recovered'], '.0f')}% {_ci(t, '.0f')} over {t['n']} seeds (lrs: sync "
+                f"{t['sync_lr']:g}, delayed {t['delayed_lr']:g}, EF {t['ef_lr']:g})", sc))
+        adam = [r for r in table if r["prediction"]["kind"] == "adam"]
         widen = ", ".join(f"{r['optimizer']} x{r['prediction']['ef_widening']:.2f}" for r in adam)
-        verdicts.append(_verdict(
-            "EF's condition: Adam-type methods (beta1 > 1/2) gain stable range under EF; LMO methods gain iff the "
-            "direction drift delta_bar < 1 (Theorem 3)",
-            f"theory: EF widens Adam's delayed stable range ({widen or 'no resolved Adam-type gap'}), so EF should "
-            "recover part of their gap; delta_bar is not measured in GPT runs (finding 6 checks it on the toys)",
-            f"EF recovers a positive share on {pos} of {len(adam)} Adam-type optimizers with a resolved gap",
-            None, f"Theory (qualitative: a sign, no number): EF recovers part of the gap of {pos}/{len(adam)} "
-                  "Adam-type optimizers with a resolved gap, as their widened stable range (" + (widen or "-")
-                  + ") allows; finding 4 compares the widening with EF's own best lr."))
-    if {"sync-start", "sync-cooldown"} <= set(mits):
-        pairs = [(r["optimizer"], r["sync-start_recovered"]["of_mean_gap"],
-                  r["sync-cooldown_recovered"]["of_mean_gap"]) for r in resolved]
-        pairs = [(o, a, b) for o, a, b in pairs if a is not None and b is not None]
-        start_first = share["sync-start"] > share["sync-cooldown"]
-        ok = sum((a > b) == start_first for _, a, b in pairs)
-        for r in resolved:
-            for m in ("sync-start", "sync-cooldown"):
-                rec = r[f"{m}_recovered"]
-                numbers.append(theory_number(
-                    f"{r['optimizer']}: {m} recovery (% of the gap)", 100 * share[m], rec["ratio_of_means"],
-                    None if rec["unstable"] else rec["ci_boot"], "share of the delay term sum_t 2 L eta_t tau "
-                    f"the {k} undelayed updates carry", unit="%"))
-        pred = f"{100 * share['sync-start']:.0f}% vs {100 * share['sync-cooldown']:.0f}%"
-        measured = ", ".join(f"{o} {a:.0f}% vs {b:.0f}%" for o, a, b in pairs) or "no resolved gap"
-        verdicts.append(_verdict(
-            f"sync start vs sync cooldown (K = {k} of {p.llm.base['steps']} updates)",
-            f"theory: the undelayed updates remove {pred} of the delay term sum_t 2 L eta_t tau "
-            f"({'start' if start_first else 'cooldown'} first)", measured, None,
-            f"Sync start vs cooldown: the delay term predicts {pred} ({'start' if start_first else 'cooldown'} "
-            f"recovers more); measured {measured}: the order agrees for {ok}/{len(pairs)} optimizers (an order; the "
-            "theory column sets each predicted share against its measured interval)."))
-    def share_of(r):  # a share of a gap that is not resolved would be a share of noise
-        return f"{_fmt(r['ef_recovered']['of_mean_gap'], '.0f')}%" if r["resolved"] else "n.s. (no resolved gap)"
+        verdicts.append(verdict(
+            "note", "EF's condition: Adam-type methods gain stable range under EF; LMO methods gain iff the direction "
+            "drift delta_bar < 1 (Theorem 3)", f"theory: EF widens Adam's delayed stable range ({widen or '-'})",
+            "", line="Theory (a direction, not scored): EF widens the Adam-type delayed stable range ("
+                     + (widen or "-") + "); delta_bar is not measured in GPT runs (finding 6 checks it on the toys); "
+                     "finding 4 compares the widening with EF's own best lr."))
+    for m in ("sync-start", "sync-cooldown"):
+        if m not in mits:
+            continue
+        for r in table:
+            rec = r[f"{m}_recovered"]
+            numbers.append(theory_number(
+                f"{r['optimizer']}: {m} recovery (% of the gap)", 100 * share[m], rec["ratio_of_means"], rec["ci"],
+                f"share of the delay term sum_t 2 L eta_t tau the {k} undelayed updates carry", null=0.0, unit="%",
+                censored=bool(r["censored"]), issues=r["issues"], set_=rec["set"]))
+    numbers.append(qualitative(
+        "EF recovery", "no number: Theorem 3's condition (delta_bar < 1) is not measured in GPT runs, and the "
+        "stability model gives EF's widened lr range (finding 4), not a loss"))
+
+    def share_of(r):
+        rec = r["ef_recovered"]
+        return f"{_fmt(rec['ratio_of_means'], '.0f')}% {_ci(rec, '.0f')}"
 
     headline = ("EF recovers " + ", ".join(f"{r['optimizer']} {share_of(r)}" for r in table)
                 if "ef" in mits else "EF not run")
@@ -424,11 +408,7 @@ def mitigations(p: Preset, out: Path) -> dict:
                       "Adam-type methods EF moves the delayed stable range from 1 to (sqrt(1+4/(1-beta1))-1)/2. "
                       "Sync start / cooldown remove the delay term of the undelayed updates. DC-ASGD: no bound.",
             "rows": table, "verdicts": verdicts, "undelayed_share": share, "headline": headline,
-            "ef_by_lr": ef_by_lr, "ef_tuned": ef_tuned,
-            "theory_numbers": numbers + [qualitative(
-                "EF recovery", "no number: Theorem 3's condition (delta_bar < 1) is not measured in GPT runs, and "
-                "the stability model gives EF's widened lr range (finding 4), not a loss")],
-            "reproduced": reproduced, "theory_agrees": numeric_state(numbers)}
+            "ef_by_lr": ef_by_lr, "ef_tuned": ef_tuned, "theory_numbers": numbers, **part_states(verdicts, numbers)}
 
 
 # -- 3: momentum -----------------------------------------------------------------------------------
@@ -436,134 +416,119 @@ def mitigations(p: Preset, out: Path) -> dict:
 
 def momentum(p: Preset, out: Path) -> dict:
     """Three protocols, each over the momentum grid: the lr fixed at the default momentum's best
-    sync lr (as the first version of this report did); each momentum at its own best sync lr of
-    the three lrs around that one; each mode at its own best lr (delayed tuned too)."""
+    sync lr; each momentum at its own best sync lr of its lr grid; each mode at its own best lr
+    (delayed tuned too). Each momentum's lr grid grows at an edge (:func:`~delaylab.reproduce.plan.momentum_grid`)."""
     best = P.best_sync(p, out)
-    rows = P.records(out, P.momentum(p, best))
-    table, verdicts, paper, slopes, numbers = [], [], [], {}, []
+    rows = P.records(out, P.momentum(p, best, out))
+    table, verdicts, slopes, numbers, changes = [], [], {}, [], {}
     for opt, grid in p.llm.momenta.items():
         pts = []
-        lrs = P.neighbours(p.llm.lrs[opt], best[opt]["lr"])
         for mom in grid:
-            sync = by_lr(rows, opt, "sync", mom)
-            sync_lr = min(lrs, key=lambda lr: _key(stats(list(sync[lr].values()))["mean"]))
+            g = P.momentum_grid(p, out, opt, mom, best)
+            sync_lr = g["best"]["sync"]
             row = _cell_row(rows, opt, sync_lr, mom, ("sync", "delayed"))
             row["fixed_lr"] = best[opt]["lr"]
             row["fixed_gap"] = _cell_row(rows, opt, best[opt]["lr"], mom, ("sync", "delayed"))["gap"]
             row["tuned"] = tuned_gap(rows, opt, mom)
-            row["sync_lr_at_edge"] = sync_lr in (lrs[0], lrs[-1])
+            row["lrs"] = g["lrs"]
+            row["censored"] = {m: c for m, c in g["censored"].items() if c}
             row["prediction"] = predict.optimizer_prediction(opt, mom)
+            row["issues"] = _issues([r for r in rows if (r["optimizer"], r["momentum"]) == (opt, mom)])
             pts.append(row)
         table += pts
         moms = [r["momentum"] for r in pts]
         slopes[opt] = {name: _slope(moms, [get(r)["mean"] for r in pts]) for name, get in
                        (("fixed_lr", lambda r: r["fixed_gap"]), ("sync_tuned", lambda r: r["gap"]),
                         ("each_tuned", lambda r: r["tuned"]["gap"]))}
-        # the paper's claim under its protocol (each tuned): gap at the top momentum - at the bottom, per seed
         lo, hi = pts[0]["tuned"]["gap"]["values"], pts[-1]["tuned"]["gap"]["values"]
-        change = stats([None if x is None or y is None else y - x for x, y in zip(lo, hi)])
-        sign = _sign(change)
-        paper.append(None if not sign else sign < 0)
+        change = changes[opt] = stats([None if x is None or y is None else y - x for x, y in zip(lo, hi)])
+        sc = V.score(f"{opt}: higher momentum shrinks the gap", change["ci"], (None, 0), 0.0,
+                     censored=bool(pts[0]["censored"] or pts[-1]["censored"]),
+                     issues=pts[0]["issues"] + pts[-1]["issues"], measured=change["mean"])
+        verdicts.append(verdict(
+            "paper", f"{opt}: higher momentum shrinks the gap", "paper: gap change < 0",
+            f"each mode tuned, momentum {moms[0]:g} -> {moms[-1]:g}: gap {_fmt(pts[0]['tuned']['gap']['mean'])} -> "
+            f"{_fmt(pts[-1]['tuned']['gap']['mean'])}, change {_fmt(change['mean'])} {_ci(change)}; slope per unit "
+            f"momentum: lr fixed {_fmt(slopes[opt]['fixed_lr'])}, sync-tuned {_fmt(slopes[opt]['sync_tuned'])}, "
+            f"each tuned {_fmt(slopes[opt]['each_tuned'])}", sc))
         key = "relative_penalty" if predict.kind(opt) == "lmo" else "stable_shrink"
         what = ("the LMO relative penalty tau/lag" if key == "relative_penalty"
                 else "Adam's sync/delayed stable-range ratio 2(1+beta1)/(1-beta1)")
         numbers.append(qualitative(f"{opt}: gap vs momentum", f"{what}: " + ", ".join(
             f"{r['momentum']:g}: {r['prediction'][key]:.3g}" for r in pts) + "; no gap in loss units"))
-        edge = sum(r["sync_lr_at_edge"] for r in pts)
-        verdicts.append(_verdict(
-            f"{opt}: higher momentum shrinks the gap",
-            f"theory (qualitative): {what} " + ", ".join(f"{r['momentum']:g}: {r['prediction'][key]:.3g}" for r in pts),
-            f"gap {moms[0]:g} -> {moms[-1]:g}, each mode tuned: {_fmt(pts[0]['tuned']['gap']['mean'])} -> "
-            f"{_fmt(pts[-1]['tuned']['gap']['mean'])} (change {_fmt(change['mean'])} {_ci(change)})",
-            paper[-1],
-            f"{opt}: with each mode's lr tuned, the gap goes {_fmt(pts[0]['tuned']['gap']['mean'])} -> "
-            f"{_fmt(pts[-1]['tuned']['gap']['mean'])} from momentum {moms[0]:g} to {moms[-1]:g} (change "
-            f"{_fmt(change['mean'])} {_ci(change)}: "
-            + ({1: "grows, resolved", -1: "shrinks, resolved", 0: "not resolved"}[sign])
-            + f"); slope per unit momentum: lr fixed {_fmt(slopes[opt]['fixed_lr'])}, sync-tuned "
-            f"{_fmt(slopes[opt]['sync_tuned'])}, each tuned {_fmt(slopes[opt]['each_tuned'])}"
-            + (f"; the best sync lr is at the edge of its 3 lrs for {edge} of {len(pts)} momenta" if edge else "")
-            + "."))
     return {"id": 3, "key": "momentum", "title": "Momentum: gap vs momentum decay",
             "paper": "Higher momentum shrinks the gap (AdamW beta1, Muon momentum).",
             "theory": "LMO: the relative penalty tau(1-beta)/beta (tau(1-beta)/beta^2 with Nesterov) falls as beta "
                       "grows, but the absolute delay term 2 L eta tau does not depend on beta. Adam-type: the delayed "
                       "stable range stays at eta*lambda < 1 while the sync one, 2(1+beta1)/(1-beta1), grows. Neither "
                       "gives the gap in loss units: qualitative.",
-            "protocol": "each momentum over the 3 lrs around the default momentum's best sync lr; AdamW's beta2 = "
-                        "0.95 > beta1^2 for every beta1 of the grid, and every run has >= 10/(1-beta) updates after "
-                        "warmup (delaylab.reproduce.presets.check_protocol)",
+            "protocol": "each momentum over the 3 lrs around the default momentum's best sync lr, grown at an edge; "
+                        "AdamW's beta2 = 0.95 > beta1^2 for every beta1 of the grid, and every run has >= "
+                        "10/(1-beta) updates after warmup (delaylab.reproduce.verdicts.protocol_issues)",
             "rows": table, "verdicts": verdicts, "slopes": slopes, "theory_numbers": numbers,
-            "headline": "gap slope per unit momentum, each mode tuned: "
-                        + ", ".join(f"{o} {_fmt(v['each_tuned'], '+.2f')}" for o, v in slopes.items()),
-            "reproduced": _resolved_state(paper), "theory_agrees": numeric_state(numbers)}
+            "changes": changes,
+            "headline": "gap change from the lowest to the highest momentum, each mode tuned: " + ", ".join(
+                f"{o} {_fmt(c['mean'])} {_ci(c)}" for o, c in changes.items()),
+            **part_states(verdicts, numbers)}
 
 
 # -- 4: learning rate ------------------------------------------------------------------------------
 
 
+def _shift_text(m: dict) -> str:
+    if m.get("ratio") is None:
+        return "n/a"
+    if m["censored"]:
+        sides = ", ".join(f"{k} optimum at the grid's {m[k]['censored']} edge" for k in ("base", "other")
+                          if m[k]["censored"])
+        return f"censored ({sides}; grid points x{m['grid']:.2g})"
+    return f"x{m['ratio']:.2g} " + (f"[{m['ci'][0]:.2g}, {m['ci'][1]:.2g}]" if m["ci"] else "(interval unbounded)")
+
+
 def learning_rate(p: Preset, out: Path) -> dict:
     """"Delayed degrades faster at high lr" is measured as where each mode's best lr sits: the delayed
-    optimum at a lower lr than the sync optimum (shift < 1). The gap's slope against log2(lr) is shown too."""
-    rows = P.records(out, P.grid(p))
-    best_rows = P.best_sync(p, out)
-    ef_rows = P.records(out, P.ef_lrs(p, best_rows)) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
-    table, verdicts, shift, slopes, numbers, optima, pred_shift = [], [], {}, {}, [], {}, {}
+    optimum at a lower lr than the sync optimum (shift < 1), each optimum bracketed by its grid."""
+    best = P.best_sync(p, out)
+    rows = P.records(out, P.grid(p, out))
+    ef_rows = P.records(out, P.ef_lrs(p, best, out)) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
+    table, verdicts, numbers, optima, slopes = [], [], [], {}, {}
     steps = p.llm.base["steps"]
     for opt in p.llm.lr_sweep:
-        mom = p.llm.momentum.get(opt)
-        pts = [_cell_row(rows, opt, lr, mom, ("sync", "delayed")) for lr in p.llm.lrs[opt]]
+        mom, seeds = p.llm.momentum.get(opt), set(range(P.seeds(p, opt)))
+        lrs = best[opt]["lrs"]
+        pts = [_cell_row(rows, opt, lr, mom, ("sync", "delayed")) for lr in lrs]
         table += pts
+        issues = _issues([r for r in rows if r["optimizer"] == opt])
         pred = predict.lr_shift(opt, mom, steps)
-        pred_shift[opt] = pred["delayed"]
-        measured = metrics.lr_shift(by_lr(rows, opt, "sync", mom), by_lr(rows, opt, "delayed", mom))
+        measured = metrics.lr_shift(by_lr(rows, opt, "sync", mom, seeds), by_lr(rows, opt, "delayed", mom, seeds))
         optima[opt] = {"delayed": measured}
-        numbers.append(theory_number(f"{opt}: best delayed lr / best sync lr", pred["delayed"], measured["ratio"],
-                                     measured["ci_boot"], pred.get("source", "")))
-        if opt in p.llm.ef_lrs and ef_rows:
-            near = P.neighbours(p.llm.lrs[opt], best_rows[opt]["lr"])
-            delayed = {lr: v for lr, v in by_lr(rows, opt, "delayed", mom).items() if lr in near}
-            ef = metrics.lr_shift(delayed, by_lr(ef_rows, opt, "ef", mom))
-            optima[opt]["ef"] = ef
-            numbers.append(theory_number(
-                f"{opt}: best EF lr / best delayed lr (over {', '.join(f'{x:g}' for x in near)})", pred["ef"],
-                ef["ratio"], ef["ci_boot"], pred.get("source", "") if pred["ef"] is not None else
-                "no number (Theorem 3 has no closed-form optimum here)",
-                note="" if pred["ef"] is not None else "qualitative"))
-        best = {m: min(pts, key=lambda r: _key(r[m]["mean"]))["lr"] for m in ("sync", "delayed")}
-        shift[opt] = best["delayed"] / best["sync"]
         slopes[opt] = _slope([math.log2(r["lr"]) for r in pts], [r["gap"]["mean"] for r in pts])
-        kind = predict.kind(opt)
-        pred = predict.optimizer_prediction(opt, mom)
-        why = (f"the delayed stable range is 1/{pred['stable_shrink']:.0f} of sync's (Adam-type)" if kind == "adam"
-               else "the delay term 2 L eta tau grows with eta, so the bound's best eta falls (LMO)")
-        m = optima[opt]["delayed"]
-        ci = m["ci_boot"]
-        agree = None if ci is None else True if ci[1] < 1 else False if ci[0] > 1 else None
-        verdicts.append(_verdict(
-            f"{opt}: delayed degrades faster than sync at high lr", f"theory: best delayed lr < best sync lr: {why}",
-            f"optimum (log-parabola) delayed / sync x{_fmt(m['ratio'], '.2g')} {_ci(m, '.2g')}; grid best sync "
-            f"{best['sync']:g}, delayed {best['delayed']:g}; gap slope {_fmt(slopes[opt])} per doubling of lr", agree,
-            f"{opt}: the delayed optimum sits at x{_fmt(m['ratio'], '.2g')} {_ci(m, '.2g')} of the sync one "
-            f"(grid points {best['delayed']:g} and {best['sync']:g}; gap {_fmt(slopes[opt])} per doubling): paper "
-            + {True: "reproduced", False: "not reproduced", None: "not resolved"}[agree]
-            + (f"; at the grid's {'lower' if best['delayed'] == min(p.llm.lrs[opt]) else 'upper'} edge, so the shift "
-               "may be larger" if best["delayed"] in (min(p.llm.lrs[opt]), max(p.llm.lrs[opt])) else "")
-            + f" (theory's number, {pred_shift[opt]:.3g}, in the theory column)."))
-    signs = [v["agree"] for v in verdicts]
-    # a tie on the lr grid says nothing about the order: only strict differences count
-    pairs = [shift[a] < shift[b] for a in shift for b in shift
-             if predict.kind(a) == "adam" and predict.kind(b) == "lmo" and shift[a] != shift[b]]
-    ties = sum(shift[a] == shift[b] for a in shift for b in shift
-               if predict.kind(a) == "adam" and predict.kind(b) == "lmo")
-    if pairs or ties:
-        verdicts.append(_verdict(
-            "order: the Adam-type optimum moves further than the LMO one",
-            "theory: a stability threshold 38x lower (Adam-type) against a linear delay term (LMO)",
-            ", ".join(f"{o} x{v:.2g}" for o, v in shift.items()), None,
-            "Theory (qualitative, an order): the delayed grid optimum moves by "
-            + ", ".join(f"{o} x{v:.2g}" for o, v in shift.items())
-            + (f" ({ties} pair(s) tied at the grid's resolution)" if ties else "") + "."))
+        sc = V.score(f"{opt}: best delayed lr below best sync lr", measured["ci"], (None, 1.0), 1.0,
+                     censored=bool(measured["censored"]), issues=issues, measured=measured["ratio"])
+        verdicts.append(verdict("paper", f"{opt}: delayed degrades faster than sync at high lr",
+                                "paper: delayed optimum / sync optimum < 1",
+                                f"delayed / sync optimum (log-parabola) {_shift_text(measured)}; gap "
+                                f"{_fmt(slopes[opt])} per doubling of lr", sc))
+        numbers.append(theory_number(f"{opt}: best delayed lr / best sync lr", pred["delayed"], measured["ratio"],
+                                     measured["ci"], pred.get("source", ""), null=1.0,
+                                     censored=bool(measured["censored"]), issues=issues))
+        if opt in p.llm.ef_lrs and ef_rows:
+            ef = metrics.lr_shift(by_lr(rows, opt, "delayed", mom, seeds), by_lr(ef_rows, opt, "ef", mom, seeds))
+            optima[opt]["ef"] = ef
+            grid_ef = P.ef_grid(p, out, opt, best)["lrs"]
+            q = f"{opt}: best EF lr / best delayed lr (EF over {', '.join(f'{x:g}' for x in grid_ef)})"
+            if pred["ef"] is not None:
+                numbers.append(theory_number(q, pred["ef"], ef["ratio"], ef["ci"], pred.get("source", ""), null=1.0,
+                                             censored=bool(ef["censored"]), issues=issues))
+            else:
+                numbers.append(qualitative(q, "no number (Theorem 3 has no closed-form optimum here)",
+                                           measured=ef["ratio"], ci=ef["ci"]))
+    shift = {o: v["delayed"]["grid"] for o, v in optima.items()}
+    if any(predict.kind(a) == "adam" for a in shift) and any(predict.kind(b) == "lmo" for b in shift):
+        text = ", ".join(f"{o} {_shift_text(v['delayed'])}" for o, v in optima.items())
+        verdicts.append(verdict("note", "order: the Adam-type optimum moves further than the LMO one",
+                                "theory (a direction): a stability threshold 38x lower (Adam-type) against a linear "
+                                "delay term (LMO)", text, line=f"Theory (a direction, not scored): {text}."))
     return {"id": 4, "key": "learning_rate", "title": "Learning rate: sync and delayed loss vs peak lr",
             "paper": "The delayed run degrades faster than sync as the peak lr grows.",
             "theory": "Theorem 1: the delay term 2 L eta tau is linear in eta, so the delayed bound is minimised at "
@@ -572,8 +537,8 @@ def learning_rate(p: Preset, out: Path) -> dict:
             "rows": table, "verdicts": verdicts, "shift": shift, "slopes": slopes, "optima": optima,
             "theory_numbers": numbers,
             "headline": "best delayed lr / best sync lr (log-parabola optimum): " + ", ".join(
-                f"{o} x{_fmt(v['delayed']['ratio'], '.2g')} {_ci(v['delayed'], '.2g')}" for o, v in optima.items()),
-            "reproduced": _agg(signs), "theory_agrees": numeric_state(numbers)}
+                f"{o} {_shift_text(v['delayed'])}" for o, v in optima.items()),
+            **part_states(verdicts, numbers)}
 
 
 # -- 5: schedules ----------------------------------------------------------------------------------
@@ -583,7 +548,7 @@ def schedules(p: Preset, out: Path) -> dict:
     groups = P.schedules(p)
     rows = P.records(out, [r for g in groups.values() for r in g])
     s = p.schedules
-    table, verdicts, paper, numbers = [], [], [], []
+    table, verdicts, numbers = [], [], []
     for opt in s.optimizers:
         sel = [r for r in rows if r["optimizer"] == opt]
         sync, twobw = _by_seed(sel, mode="sync"), _by_seed(sel, mode="2bw")
@@ -606,37 +571,37 @@ def schedules(p: Preset, out: Path) -> dict:
 
             row["gap_ratio"] = metrics.mean_ratio(gaps(runs), gaps(twobw))
             ratio = row["gap_ratio"]
-            numbers.append(theory_number(
-                f"{opt}, depth {len(delays)}: PipeDream gap / 2BW gap", row["mean_delay"], ratio["ratio"],
-                None if ratio["unstable"] else ratio["ci_boot"],
-                "delay term 2 eta sum_l L_l tau_l with equal L_l: mean(tau) times 2BW's"))
-            depth, excess, meas = len(delays), row["mean_delay"] - 1.0, row["vs_2bw"]["mean"]
-            sign = _sign(row["vs_2bw"])  # only a difference resolved at 95% counts either way
+            depth, vs = len(delays), row["vs_2bw"]
+            numbers.append(qualitative(
+                f"{opt}, depth {depth}: PipeDream gap / 2BW gap", "sketch: with equal L_l per stage the delay term "
+                "2 eta sum_l L_l tau_l is mean(tau) times 2BW's (docs/theory.md: per-group delays are not encoded)",
+                note="sketch", measured=ratio["ratio"], ci=ratio["ci"], set_=ratio["set"],
+                predicted=row["mean_delay"]))
+            issues = _issues(sel)
+            measured = f"PipeDream - 2BW = {_fmt(vs['mean'])} {_ci(vs)} over {vs['n']} seeds; gap ratio " \
+                       f"{_fmt(ratio['ratio'], '.2f')} {_ci(ratio, '.2f')} (sketch: mean tau {row['mean_delay']:.2f})"
             if depth >= 4:
-                paper.append(None if sign == 0 else sign > 0)
-            better = {1: "2BW better", -1: "PipeDream better", 0: "not resolved at 95%"}[sign]
-            claim = ({1: "paper reproduced", -1: "paper not reproduced", 0: "no verdict on the paper"}[sign]
-                     if depth >= 4 else "no paper claim at this depth")
-            verdicts.append(_verdict(
-                f"{opt}, depth {depth}: 2BW (tau = 1 on every stage) beats PipeDream (tau = {delays})",
-                f"theory: delay term PipeDream / 2BW = mean tau = {row['mean_delay']:.2f} "
-                + ("(2BW better)" if excess > 0 else "(PipeDream better)" if excess < 0 else "(a tie)"),
-                f"PipeDream - 2BW = {_fmt(meas)} val loss", None,
-                f"{opt}, depth {depth}: PipeDream - 2BW = {_fmt(meas)} ({better}); {claim}; gap ratio PipeDream / 2BW "
-                f"{_fmt(ratio['ratio'], '.2f')} {_ci(ratio, '.2f')} against the theory's mean tau "
-                f"{row['mean_delay']:.2f}" + (" (2BW gap not resolved)" if ratio["unstable"] else "") + "."))
+                sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", vs["ci"], (0, None), 0.0, issues=issues,
+                             measured=vs["mean"])
+                verdicts.append(verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {delays})",
+                                        "paper: PipeDream - 2BW > 0", measured, sc))
+            else:
+                verdicts.append(verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream (tau = {delays})",
+                                        "no paper claim at this depth", measured,
+                                        line=f"{opt}, depth {depth} (no paper claim at this depth): {measured}."))
     headline = "PipeDream - 2BW val loss: " + "; ".join(
-        f"{r['optimizer']} depth {len(r['delays'])} {_fmt(r['vs_2bw']['mean'])}" for r in table if "vs_2bw" in r)
+        f"{r['optimizer']} depth {len(r['delays'])} {_fmt(r['vs_2bw']['mean'])} {_ci(r['vs_2bw'])}"
+        for r in table if "vs_2bw" in r)
     return {"id": 5, "key": "schedules", "title": "Schedules: constant delay (2BW) vs PipeDream's per-stage delays",
             "paper": "PipeDream-2BW's constant one-step delay beats the original PipeDream's stage-dependent delay "
                      "at depth 4 and 8.",
-            "theory": "With per-stage delays the delay term becomes 2 eta sum_l L_l tau_l (docs/theory.md, per-group "
-                      "delays); with equal L_l PipeDream's is mean(tau) = (P-1)/2 times 2BW's: larger for P >= 4.",
+            "theory": "Not encoded: with per-stage delays the delay term would become 2 eta sum_l L_l tau_l "
+                      "(docs/theory.md, per-group delays); with equal L_l PipeDream's is mean(tau) = (P-1)/2 times "
+                      "2BW's. A sketch: shown beside the measured gap ratio, not scored.",
             "depths": list(s.depths), "rows": table, "verdicts": verdicts, "headline": headline,
             "theory_numbers": numbers,
             "engine": "single-process simulator with per-stage delays (the multi-process engine is tested bit-equal "
-                      "to it in tests/pipeline)",
-            "reproduced": _resolved_state(paper), "theory_agrees": numeric_state(numbers)}
+                      "to it in tests/pipeline)", **part_states(verdicts, numbers)}
 
 
 # -- 6: toy rates ----------------------------------------------------------------------------------
@@ -646,6 +611,11 @@ def _mode(r: dict) -> str:
     if r["delay"] == 0:
         return "sync"
     return f"tau={r['delay']}" + ("" if r["correction"] == "none" else f"+{r['correction'].upper()}")
+
+
+def _check(ok: bool | None) -> str | None:
+    """A toy check's own pass/fail as a state (its interval test is done by delaylab.toy.rates)."""
+    return None if ok is None else V.AGREES if ok else V.DISAGREES
 
 
 def toy(p: Preset, out: Path) -> dict:
@@ -665,22 +635,31 @@ def toy(p: Preset, out: Path) -> dict:
     cost, comp = read_summary(out, cost_run), read_summary(out, compare_run)
     held = sum(bool(r["holds"]) for r in rates)
     top = max(r["max_ratio"] for r in rates)
-    verdicts = [_verdict(
-        "the sync, delayed and EF rates stay under the bound, at its O(T^-1/4) slope or faster",
-        "theory: measured <= bound at every T; log-log slope <= the bound's exponent + tolerance",
-        f"{held} of {len(rates)} settings hold; measured/bound <= {top:.2f}; slopes "
-        f"{min(r['slope'] for r in rates):.3f} .. {max(r['slope'] for r in rates):.3f}", held == len(rates),
-        f"{_theory_says(held, len(rates))}: the bound and the slope hold in {held}/{len(rates)} settings "
-        f"(measured/bound <= {top:.2f}).")]
-    trends = []
+
+    def check(kind, claim, predicted, measured, ok):
+        v = verdict(kind, claim, predicted, measured, line=f"{claim}: {measured}")
+        v["state"] = _check(ok)
+        v["line"] += "" if ok is None else f" -> {v['state']}"
+        return v
+
+    verdicts = [check("paper", f"{r['problem']} {r['method']} {_mode(r)}: under the bound at its slope",
+                      "measured <= bound at every T (95% upper end); slope <= exponent + tolerance",
+                      f"measured/bound <= {r['max_ratio']:.2f}, slope {r['slope']:.3f}", bool(r["holds"]))
+                for r in rates]
+    numbers = [{"quantity": f"{r['problem']} {r['method']} {_mode(r)}: max measured / bound", "predicted": 1.0,
+                "measured": r["max_ratio"], "ci": None, "set": None, "unit": "x",
+                "source": "Theorems 1 and 3: measured <= bound", "note": "an upper bound: agrees when measured <= bound",
+                "state": _check(bool(r["holds"])), "score": None} for r in rates]
     for name, t in cost["trends"].items():
-        agree = None if t["predicted"] is None else t["measured"] == t["predicted"]
-        trends.append(agree)
+        ok = None if t["predicted"] is None else t["measured"] == t["predicted"]
         what = name.replace("_", " ")
-        verdicts.append(_verdict(what, f"theory: {t['predicted']}", f"measured: {t['measured']}", agree,
-                                 f"{cost['problem']} {cost['method']}, {what}: measured {t['measured']}, bound "
-                                 f"{t['predicted']} (" + ("agree" if agree else "disagree" if agree is not None
-                                                          else "no prediction") + ")."))
+        v = check("theory" if ok is not None else "note", f"{cost['problem']} {cost['method']}, {what}",
+                  f"theory: {t['predicted']}", f"measured {t['measured']}, bound {t['predicted']}", ok)
+        verdicts.append(v)
+        if ok is not None:
+            numbers.append({"quantity": f"toy {what}", "predicted": None, "measured": None, "ci": None, "set": None,
+                            "unit": "", "source": f"bound: {t['predicted']}; measured: {t['measured']}",
+                            "note": "a direction the bound gives", "state": _check(ok), "score": None})
     ef_rows = []
     for row in comp["rows"]:  # methods with a resolved delay gap, for which EF's drift was measured
         if row.get("delta_bar") is None or row.get("ef_recovers") is None or row["delayed"]["relative_gap_ci"][0] <= 0:
@@ -688,15 +667,14 @@ def toy(p: Preset, out: Path) -> dict:
         ef_rows.append({"method": row["method"], "delta_bar": row["delta_bar"],
                         "ef_recovers_pct": 100 * row["ef_recovers"], "predicted_helps": row["delta_bar"] < 2 / 3,
                         "helps": row["ef_recovers"] > 0, "runs": [compare_run.folder]})
-    ok = sum(r["predicted_helps"] == r["helps"] for r in ef_rows)
-    verdicts.append(_verdict(
-        "EF's condition: EF's bound beats plain delay's iff delta_bar < 2/3 (Theorem 3, real points, tau = 1)",
-        "theory: EF helps where delta_bar < 2/3",
-        ", ".join(f"{r['method']}: delta_bar {r['delta_bar']:.2f}, EF recovers {r['ef_recovers_pct']:.0f}%"
-                  for r in ef_rows) or "no method with a resolved delay gap",
-        None if not ef_rows else ok == len(ef_rows),
-        f"EF's condition predicts what EF does for {ok}/{len(ef_rows)} methods with a resolved delay gap (a bound "
-        "comparison: where it says no, EF may still help)."))
+    for r in ef_rows:
+        ok = r["predicted_helps"] == r["helps"]
+        verdicts.append(check("theory", f"EF's condition on {r['method']} (delta_bar < 2/3, Theorem 3)",
+                              "EF helps where delta_bar < 2/3",
+                              f"delta_bar {r['delta_bar']:.2f}, EF recovers {r['ef_recovers_pct']:.0f}%", ok))
+        numbers.append({"quantity": f"toy {r['method']}: EF helps iff delta_bar < 2/3", "predicted": None,
+                        "measured": None, "ci": None, "set": None, "unit": "", "source": "Theorem 3",
+                        "note": "a condition (a bound comparison)", "state": _check(ok), "score": None})
     return {"id": 6, "key": "toy", "title": "Toy rates: measured vs the bound",
             "paper": "The paper's theory (its Section 4 and Appendix C, known here only from summaries): delayed "
                      "momentum-LMO keeps the sync rate, the delay a lower-order term. Checked here: delaylab's own "
@@ -704,15 +682,9 @@ def toy(p: Preset, out: Path) -> dict:
             "theory": "Theorems 1 and 3 at the theory-tuned (eta, beta) for each T (delaylab toy rates).",
             "rows": rates, "cost": {k: cost[k] for k in ("problem", "method", "T", "seeds", "trends", "eta_sweep",
                                                         "beta_sweep", "beta_sweep_eta", "delay")},
-            "cost_runs": [cost_run.folder], "ef": ef_rows, "verdicts": verdicts,
-            "theory_numbers": [{**theory_number(f"{r['problem']} {r['method']} {_mode(r)}: max measured / bound",
-                                                1.0, r["max_ratio"], None, "Theorems 1 and 3: measured <= bound",
-                                                note="an upper bound: agrees when measured / bound <= 1"),
-                                "agree": r["max_ratio"] is not None and r["max_ratio"] <= 1} for r in rates],
+            "cost_runs": [cost_run.folder], "ef": ef_rows, "verdicts": verdicts, "theory_numbers": numbers,
             "headline": f"{held}/{len(rates)} settings under the bound with slope <= exponent + tolerance; "
-                        f"measured/bound <= {top:.2f}",
-            "reproduced": _tristate(held, len(rates)),
-            "theory_agrees": _agg([verdicts[0]["agree"], *trends, verdicts[-1]["agree"]])}
+                        f"measured/bound <= {top:.2f}", **part_states(verdicts, numbers)}
 
 
 FINDINGS = (optimizers, mitigations, momentum, learning_rate, schedules, toy)

@@ -1,15 +1,34 @@
 """Which runs each finding needs, as :class:`~delaylab.reproduce.runner.LLMRun` / ``ToyRun`` lists.
 
 The same functions serve the runner (what to run) and the report (which folders to read), so
-the two cannot disagree. Findings 2 and 3 run at each optimizer's best sync lr, which
-:func:`best_sync` reads from the finished lr grid; until then they plan nothing.
+the two cannot disagree. Several runs depend on finished ones, so each function reads ``DIR``
+and lists what can be decided now; the runner calls :func:`plan` again after every finished run
+until nothing new appears, and at that fixed point the report reads the same lists. Three rules
+decide runs from results:
+
+- **lr grids grow at an edge** (:func:`adaptive_lrs`): while a grid's best lr (by the mean over
+  the base seeds) is its lowest or highest, the grid gains lr/2 or 2 lr, at most ``lr_extend``
+  steps per side; a best lr still at an edge is reported as a censored optimum.
+- **seeds by power** (:func:`power_seeds`): a headline cell (an optimizer's best-sync-lr sync,
+  delayed and EF runs) adds two seeds at a time, up to ``max_seeds``, until the 95% t interval of
+  its gap is narrower than half the gap.
+- **iso-loss overhead by longer runs** (:func:`overhead_runs`): a delayed (or EF) run that does
+  not reach its seed's sync run's final val loss is rerun 1.5x, 2x, 4x as long, its lr schedule
+  stretched, until one reaches it.
+
+The best lr and every grid decision use the base seeds (``seeds``) only, so added seeds never
+move a decision that other runs were planned on.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
+from typing import Callable
 
-from delaylab.llm.sweep import Cell, read_metrics, summarize
+from delaylab.llm.metrics import iso_loss_overhead, t_interval, val_points
+from delaylab.llm.sweep import Cell, read_metrics
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import LLMRun, ToyRun, read_summary
 
@@ -21,39 +40,198 @@ def _momentum(p: Preset, opt: str) -> float | None:
     return p.llm.momentum.get(opt)
 
 
-def _runs(variant: str, base: dict, opt: str, lr: float, momentum, modes, seeds: int, label=None) -> list[LLMRun]:
+def seeds(p: Preset, opt: str) -> int:
+    """``opt``'s base seeds: every cell of it has them; its grid decisions are made on them."""
+    return p.llm.optimizer_seeds.get(opt, p.llm.seeds)
+
+
+def _runs(variant: str, base: dict, opt: str, lr: float, momentum, modes, seeds, label=None) -> list[LLMRun]:
+    seeds = range(seeds) if isinstance(seeds, int) else seeds
     return [LLMRun(variant, base, Cell(opt, mode, float(lr), momentum, s), label or mode)
-            for mode in modes for s in range(seeds)]
+            for mode in modes for s in seeds]
 
 
-def grid(p: Preset) -> list[LLMRun]:
-    """Findings 1 and 4: sync and delayed over every optimizer's lr grid."""
+def _loss(out: Path, run) -> float | None:
+    """The finished run's final val loss (inf where it diverged); None while it is not finished."""
+    s = read_summary(out, run)
+    if s is None:
+        return None
+    v = s.get("val_loss")
+    return math.inf if v is None or not math.isfinite(v) else v
+
+
+# -- the three rules ------------------------------------------------------------------------------
+
+
+def adaptive_lrs(out: Path, lrs, runs_at: Callable[[float], list[LLMRun]], modes, limit: int) -> dict:
+    """The lr grid ``lrs`` grown by the edge rule: ``{"lrs", "done", "extended", "censored"}``.
+
+    ``runs_at(lr)``: the runs at one lr (labels = modes); ``modes``: those whose best lr must be
+    bracketed. ``done`` once every run of the grid has finished and no edge can grow;
+    ``censored[mode]``: ``"low"`` / ``"high"`` where that mode's best lr is still at an edge.
+    """
+    grid, grown = sorted(float(x) for x in lrs), {"low": 0, "high": 0}
+    while True:
+        means: dict = {}
+        for lr in grid:
+            for r in runs_at(lr):
+                v = _loss(out, r)
+                if v is None:
+                    return {"lrs": grid, "done": False, "extended": dict(grown), "censored": {}}
+                means.setdefault(r.label, {}).setdefault(lr, []).append(v)
+        best = {m: min(grid, key=lambda lr: sum(means[m][lr]) / len(means[m][lr])) for m in modes if m in means}
+        low = any(b == grid[0] for b in best.values()) and grown["low"] < limit
+        high = any(b == grid[-1] for b in best.values()) and grown["high"] < limit
+        if not (low or high):
+            censored = {m: "low" if b == grid[0] else "high" if b == grid[-1] else None for m, b in best.items()}
+            return {"lrs": grid, "done": True, "extended": dict(grown), "censored": censored, "best": best}
+        if low:
+            grid.insert(0, grid[0] / 2)
+            grown["low"] += 1
+        if high:
+            grid.append(grid[-1] * 2)
+            grown["high"] += 1
+
+
+def power_seeds(out: Path, runs_for: Callable[[int, int], list[LLMRun]], first: int, cap: int | None) -> dict:
+    """Seeds of a headline cell by the power rule: ``{"seeds", "done", "resolved", "gap_ci"}``.
+
+    ``runs_for(lo, hi)``: the cell's runs of seeds ``lo..hi-1`` (labels sync, delayed, ...). From
+    ``first`` seeds, two more at a time up to ``cap``, until the gap's (delayed - sync, per seed)
+    95% t interval is narrower than half its mean's size. ``resolved``: that happened.
+    """
+    n = first
+    while True:
+        runs = runs_for(0, n)
+        losses = {}
+        for r in runs:
+            v = _loss(out, r)
+            if v is None:
+                return {"seeds": n, "done": False, "resolved": None, "gap_ci": None}
+            losses[(r.label, r.cell.seed)] = v
+        gaps = [losses[("delayed", s)] - losses[("sync", s)] for s in range(n)
+                if math.isfinite(losses[("delayed", s)]) and math.isfinite(losses[("sync", s)])]
+        ci = t_interval(gaps)
+        mean = sum(gaps) / len(gaps) if gaps else 0.0
+        resolved = ci is not None and (ci[1] - ci[0]) < abs(mean) / 2
+        if resolved or cap is None or n >= cap:
+            return {"seeds": n, "done": True, "resolved": resolved, "gap_ci": ci, "cap": cap}
+        n = min(cap, n + 2)
+
+
+def length_base(base: dict, factor: float) -> dict:
+    """``base`` run ``factor`` times as long: updates, validation and checkpoint intervals scaled
+    (the cosine schedule and the 5% warmup follow the length: the schedule is stretched)."""
+    return {**base, **{k: max(1, round(factor * base[k])) for k in ("steps", "eval_every", "ckpt_every")}}
+
+
+def _length_variant(factor: float) -> str:
+    return f"length-{factor:g}x"
+
+
+def overhead_runs(out: Path, base: dict, sync: LLMRun, other: LLMRun, lengths) -> dict:
+    """The runs that measure ``other``'s iso-loss overhead against ``sync`` (one seed): ``other``
+    itself, then the same cell ``lengths`` times as long, each planned only where the previous
+    did not reach sync's final val loss. ``{"runs", "done", "overhead", "length"}``: the first
+    length that reaches it and its overhead (None where none did, or while running)."""
+    runs = [other]
+    sync_metrics = read_metrics(Path(out) / sync.folder) if read_summary(out, sync) is not None else None
+    for factor in (1, *lengths):
+        run = other if factor == 1 else LLMRun(_length_variant(factor), length_base(base, factor), other.cell,
+                                               other.label)
+        if factor != 1:
+            runs.append(run)
+        if sync_metrics is None or read_summary(out, run) is None:
+            return {"runs": runs, "done": False, "overhead": None, "length": None}
+        mine = read_metrics(Path(out) / run.folder)
+        if not val_points(mine) or not val_points(sync_metrics) or not math.isfinite(_loss(out, run)):
+            # a diverged run is a result, not a reason to run longer: no overhead
+            return {"runs": runs, "done": True, "overhead": None, "length": None, "diverged": True}
+        o = iso_loss_overhead(sync_metrics, mine)
+        if o["reached"]:
+            return {"runs": runs, "done": True, "overhead": o, "length": factor}
+    return {"runs": runs, "done": True, "overhead": None, "length": None, "max_length": max((1, *lengths))}
+
+
+# -- findings 1-4 --------------------------------------------------------------------------------
+
+
+def grid_runs_at(p: Preset, opt: str) -> Callable[[float], list[LLMRun]]:
     g = p.llm
-    return [r for opt in g.optimizers for lr in g.lrs[opt]
-            for r in _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), g.seeds)]
+    return lambda lr: _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), seeds(p, opt))
+
+
+def grid_lrs(p: Preset, out: Path, opt: str) -> dict:
+    """The main lr grid of ``opt`` (adaptive): sync's best is bracketed for every optimizer, and
+    delayed's too for the ``lr_sweep`` ones (finding 4 reports both optima)."""
+    modes = ("sync", "delayed") if opt in p.llm.lr_sweep else ("sync",)
+    return adaptive_lrs(out, p.llm.lrs[opt], grid_runs_at(p, opt), modes, p.llm.lr_extend)
+
+
+def grid(p: Preset, out: Path) -> list[LLMRun]:
+    """Findings 1 and 4: sync and delayed over every optimizer's lr grid (base seeds)."""
+    return [r for opt in p.llm.optimizers for lr in grid_lrs(p, out, opt)["lrs"] for r in grid_runs_at(p, opt)(lr)]
 
 
 def records(out: Path, runs: list[LLMRun], curves: bool = False) -> list[dict] | None:
     """Rows for :func:`delaylab.llm.sweep.summarize` (mode = the run's label); None until all finished.
-    ``curves``: each row also carries its run's metrics.jsonl lines (``metrics``), from which
-    summarize computes iso-loss overheads and the regime diagnostics."""
-    rows = []
+    ``curves``: each row also carries its run's metrics.jsonl lines (``metrics``). ``issues``:
+    the run's breaches of the protocol (:func:`delaylab.reproduce.verdicts.protocol_issues`)."""
+    from delaylab.reproduce.verdicts import protocol_issues
+
+    rows, seen = [], set()
     for r in runs:
+        if r.folder in seen:
+            continue
+        seen.add(r.folder)
         s = read_summary(out, r)
         if s is None:
             return None
         c = r.cell
         rows.append({"optimizer": c.optimizer, "mode": r.label, "lr": c.lr, "momentum": c.momentum,
-                     "seed": c.seed, "val_loss": s.get("val_loss"), "run": r.folder})
+                     "seed": c.seed, "val_loss": s.get("val_loss"), "run": r.folder, "variant": r.variant,
+                     "issues": protocol_issues(c.optimizer, c.momentum, r.base["steps"], r.base.get("warmup"))})
         if curves:
             rows[-1]["metrics"] = read_metrics(Path(out) / r.folder)
     return rows
 
 
 def best_sync(p: Preset, out: Path) -> dict[str, dict] | None:
-    """``{optimizer: gaps row}`` at each optimizer's best mean sync loss on the lr grid."""
-    rows = records(out, grid(p))
-    return None if rows is None else summarize(rows)["best"]
+    """``{optimizer: {"lr", "momentum", "censored", "lrs"}}``: each optimizer's best sync lr on its
+    finished grid, by the mean over the base seeds; None until every grid has finished."""
+    best = {}
+    for opt in p.llm.optimizers:
+        g = grid_lrs(p, out, opt)
+        if not g["done"]:
+            return None
+        best[opt] = {"lr": g["best"]["sync"], "momentum": _momentum(p, opt), "censored": g["censored"].get("sync"),
+                     "lrs": g["lrs"], "grid": g}
+    return best
+
+
+def headline_seeds(p: Preset, out: Path, opt: str, best: dict) -> dict:
+    """The power rule on ``opt``'s best-sync-lr cell (sync, delayed and EF where EF is run)."""
+    g = p.llm
+    modes = ("sync", "delayed") + (("ef",) if "ef" in g.mitigations else ())
+    row = best[opt]
+
+    def runs_for(lo, hi):
+        return _runs(MAIN, g.base, opt, row["lr"], row["momentum"], modes, range(lo, hi))
+
+    return power_seeds(out, runs_for, seeds(p, opt), g.max_seeds if opt in g.headline else None)
+
+
+def cell_seeds(p: Preset, out: Path, opt: str, best: dict) -> int:
+    return headline_seeds(p, out, opt, best)["seeds"] if opt in p.llm.headline else seeds(p, opt)
+
+
+def headline(p: Preset, out: Path, best: dict) -> list[LLMRun]:
+    """The headline cells' runs, seeds by the power rule."""
+    g = p.llm
+    modes = ("sync", "delayed") + (("ef",) if "ef" in g.mitigations else ())
+    return [r for opt in g.headline
+            for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"], modes,
+                           headline_seeds(p, out, opt, best)["seeds"])]
 
 
 def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
@@ -66,14 +244,15 @@ def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
     return MAIN, p.llm.base
 
 
-def mitigations(p: Preset, best: dict) -> list[LLMRun]:
-    """Finding 2: every mitigation at each optimizer's best sync lr."""
+def mitigations(p: Preset, best: dict, out: Path | None = None) -> list[LLMRun]:
+    """Finding 2: every mitigation at each optimizer's best sync lr (EF of a headline cell at its seeds)."""
     runs = []
     for opt in p.llm.optimizers:
         row = best[opt]
         for m in p.llm.mitigations:
             variant, base = variant_base(p, m)
-            runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), p.llm.seeds, label=m)
+            n = cell_seeds(p, out, opt, best) if m == "ef" and out is not None else seeds(p, opt)
+            runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), n, label=m)
     return runs
 
 
@@ -84,18 +263,62 @@ def neighbours(lrs, best: float) -> list[float]:
     return lrs[max(0, i - 1):i + 2]
 
 
-def ef_lrs(p: Preset, best: dict) -> list[LLMRun]:
-    """EF at the lrs next to the best sync lr (recovery against lr; EF's own best lr)."""
-    return [r for opt in p.llm.ef_lrs for lr in neighbours(p.llm.lrs[opt], best[opt]["lr"])
-            for r in _runs(MAIN, p.llm.base, opt, lr, best[opt]["momentum"], ("ef",), p.llm.seeds)]
+def ef_grid(p: Preset, out: Path, opt: str, best: dict) -> dict:
+    """EF's own lr grid: the three lrs around the best sync lr, grown at an edge of EF's best."""
+    g = p.llm
+
+    def runs_at(lr):
+        return _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))
+
+    return adaptive_lrs(out, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("ef",), g.lr_extend)
 
 
-def momentum(p: Preset, best: dict) -> list[LLMRun]:
-    """Finding 3: sync and delayed over the momentum grid, each momentum over the three lrs around
-    the best sync lr at the default momentum, so the lr is retuned at each momentum."""
-    return [r for opt, grid_ in p.llm.momenta.items() for mom in grid_
-            for lr in neighbours(p.llm.lrs[opt], best[opt]["lr"])
-            for r in _runs(MAIN, p.llm.base, opt, lr, mom, ("sync", "delayed"), p.llm.seeds)]
+def ef_lrs(p: Preset, best: dict, out: Path) -> list[LLMRun]:
+    """EF over its own lr grid (recovery against lr; EF's own best lr)."""
+    g = p.llm
+    return [r for opt in g.ef_lrs for lr in ef_grid(p, out, opt, best)["lrs"]
+            for r in _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))]
+
+
+def momentum_grid(p: Preset, out: Path, opt: str, mom: float, best: dict) -> dict:
+    """One momentum's lr grid: the three lrs around the default momentum's best sync lr, grown at
+    an edge of sync's or delayed's best (so each is tuned at this momentum). At the optimizer's
+    own momentum it is the main grid (the same runs, one grid)."""
+    g = p.llm
+    if mom == _momentum(p, opt):
+        main = grid_lrs(p, out, opt)
+        if opt in g.lr_sweep:
+            return main
+
+    def runs_at(lr):
+        return _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))
+
+    return adaptive_lrs(out, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("sync", "delayed"),
+                        g.lr_extend)
+
+
+def momentum(p: Preset, best: dict, out: Path) -> list[LLMRun]:
+    """Finding 3: sync and delayed over the momentum grid, each momentum over its own lr grid."""
+    g = p.llm
+    return [r for opt, grid_ in g.momenta.items() for mom in grid_
+            for lr in momentum_grid(p, out, opt, mom, best)["lrs"]
+            for r in _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))]
+
+
+def overhead_plan(p: Preset, out: Path, best: dict) -> dict[tuple, dict]:
+    """``{(optimizer, mode, seed): overhead_runs(...)}`` for the ``overhead`` optimizers' delayed
+    (and EF) runs at the best sync lr, base seeds."""
+    g = p.llm
+    modes = ("delayed",) + (("ef",) if "ef" in g.mitigations else ())
+    res = {}
+    for opt in g.overhead:
+        row = best[opt]
+        for s in range(seeds(p, opt)):
+            sync = _runs(MAIN, g.base, opt, row["lr"], row["momentum"], ("sync",), [s])[0]
+            for mode in modes:
+                other = _runs(MAIN, g.base, opt, row["lr"], row["momentum"], (mode,), [s])[0]
+                res[(opt, mode, s)] = overhead_runs(out, g.base, sync, other, g.overhead_lengths)
+    return res
 
 
 def ablation_bases(p: Preset) -> dict[str, tuple[str, dict]]:
@@ -105,8 +328,7 @@ def ablation_bases(p: Preset) -> dict[str, tuple[str, dict]]:
     for f in g.warmup_fractions:
         out[f"warmup-{round(100 * f)}%"] = (f"warmup-{round(100 * f)}", {**base, "warmup": round(f * base["steps"])})
     for k in g.length_factors:
-        out[f"length-{k}x"] = (f"length-{k}x", {**base, **{key: k * base[key] for key in
-                                                          ("steps", "eval_every", "ckpt_every")}})
+        out[f"length-{k}x"] = (_length_variant(k), length_base(base, k))
     from delaylab.llm.config import DelayConfig
 
     for lam in g.dc_lambdas:  # the default lambda's runs are finding 2's dc-asgd runs
@@ -119,65 +341,93 @@ def ablations(p: Preset, best: dict) -> dict[str, list[LLMRun]]:
     """Each ablation's runs at the best sync lr: ``ablation_modes`` under the changed base; the
     DC-ASGD lambdas and DC-ASGD-a as their corrected runs only (sync and delayed are finding 1's)."""
     g = p.llm
+    n = g.ablation_seeds or g.seeds
     out: dict[str, list[LLMRun]] = {}
     for name, (variant, base) in ablation_bases(p).items():
         modes = ("dc-asgd",) if name.startswith("dc-asgd") else g.ablation_modes
         out[name] = [r for opt in g.ablation_optimizers for mode in modes
-                     for r in _runs(variant, base, opt, best[opt]["lr"], best[opt]["momentum"], (mode,), g.seeds,
+                     for r in _runs(variant, base, opt, best[opt]["lr"], best[opt]["momentum"], (mode,), n,
                                     label=name if name.startswith("dc-asgd") else mode)]
     if g.dc_adaptive:
         out["dc-asgd-a"] = [r for opt in g.ablation_optimizers
                             for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"],
-                                           ("dc-asgd-a",), g.seeds)]
+                                           ("dc-asgd-a",), n)]
     return out
 
 
-def scale_base(p: Preset, size: str) -> dict:
+# -- the tokens-per-parameter and model-size axes ---------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def model_params(size: str, block_size: int, data: str, tokenizer: str, vocab_size: int | None) -> int:
+    """Parameters of the ``size`` GPT for the data's vocabulary (what its runs report)."""
+    from delaylab.llm.data import load_dataset
+    from delaylab.llm.model import GPT, preset
+
+    vocab = 256 if tokenizer == "byte" else load_dataset(data, tokenizer, vocab_size or 4096).vocab_size
+    return sum(x.numel() for x in GPT(preset(size, vocab_size=vocab, block_size=block_size)).parameters())
+
+
+def axis_base(p: Preset, size: str, ratio: float) -> dict:
+    """The TrainConfig fields of the axis point (size, tokens per parameter)."""
     s = p.scale
-    steps = s.steps[size]
-    return {**p.llm.base, "preset": size, "batch_size": s.batch_size, "block_size": s.block_size, "steps": steps,
+    b = s.base
+    params = model_params(size, s.block_size, b.get("data", "shakespeare"), b.get("tokenizer", "byte"),
+                          b.get("vocab_size"))
+    steps = max(1, round(ratio * params / (s.batch_size[size] * s.block_size)))
+    return {**b, "preset": size, "batch_size": s.batch_size[size], "block_size": s.block_size, "steps": steps,
             "eval_every": max(1, steps // s.evals), "ckpt_every": max(1, steps // 2),
             "log_every": max(1, steps // 40)}
 
 
-def scale_scan(p: Preset) -> list[LLMRun]:
-    """The one-seed sync lr scan at each scanned size."""
+def axis_variant(size: str, ratio: float) -> str:
+    return f"axis-{size}-{ratio:g}tpp"
+
+
+def axis_scan(p: Preset, out: Path, size: str, ratio: float, opt: str) -> dict:
+    """The sync lr scan at one point (``scan_seeds`` seeds), grown at an edge."""
     s = p.scale
-    return [r for size in s.scan_sizes for opt in s.optimizers for lr in s.lrs[opt]
-            for r in _runs(f"scale-{size}", scale_base(p, size), opt, lr, _momentum(p, opt), ("sync",), 1)]
+    base = axis_base(p, size, ratio)
+
+    def runs_at(lr):
+        return _runs(axis_variant(size, ratio), base, opt, lr, s.momentum.get(opt), ("sync",), s.scan_seeds)
+
+    return adaptive_lrs(out, s.lrs[opt], runs_at, ("sync",), s.lr_extend)
 
 
-def scale_lrs(p: Preset, out: Path) -> dict[str, dict[str, dict]] | None:
-    """``{size: {optimizer: {"lr", "scanned"}}}`` from the finished scan; None until it has finished."""
+def axis_cell(p: Preset, out: Path, size: str, ratio: float, opt: str, lr: float) -> dict:
+    """The point's runs at ``lr``: ``modes`` x seeds, by the power rule (sync and delayed decide)."""
     s = p.scale
-    loss: dict = {}
-    for r in scale_scan(p):
-        summary = read_summary(out, r)
-        if summary is None:
-            return None
-        v = summary.get("val_loss")
-        loss[(r.variant[len("scale-"):], r.cell.optimizer, r.cell.lr)] = v if v is not None else float("inf")
-    lrs: dict = {}
-    scanned = None
-    for size in s.sizes:
-        if size in s.scan_sizes:
-            scanned = size
-            lrs[size] = {opt: {"lr": min(s.lrs[opt], key=lambda lr: loss[(size, opt, lr)]), "scanned": True}
-                         for opt in s.optimizers}
-        elif scanned is None:
-            raise AssertionError(f"scale size {size} has no scanned size below it")
-        else:
-            lrs[size] = {opt: {**lrs[scanned][opt], "scanned": False, "from": scanned} for opt in s.optimizers}
-    return lrs
+    base = axis_base(p, size, ratio)
+
+    def runs_for(lo, hi):
+        return _runs(axis_variant(size, ratio), base, opt, lr, s.momentum.get(opt), s.modes, range(lo, hi))
+
+    power = power_seeds(out, runs_for, s.seeds, s.max_seeds)
+    return {"runs": runs_for(0, power["seeds"]), "power": power}
 
 
-def scale(p: Preset, lrs: dict) -> dict[str, list[LLMRun]]:
-    """``{size: runs}``: ``modes`` x ``seeds`` of every optimizer at the size's lr."""
-    s = p.scale
-    return {size: [r for opt in s.optimizers
-                   for r in _runs(f"scale-{size}", scale_base(p, size), opt, lrs[size][opt]["lr"],
-                                  _momentum(p, opt), s.modes, s.seeds)]
-            for size in s.sizes}
+def axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
+    """Every axis run decidable now, and ``{(size, ratio, opt): {"scan", "lr", "cell"}}`` once all are done."""
+    runs, table, done = [], {}, True
+    for size, ratio in p.scale.points():
+        for opt in p.scale.optimizers:
+            scan = axis_scan(p, out, size, ratio, opt)
+            runs += [r for lr in scan["lrs"] for r in _runs(axis_variant(size, ratio), axis_base(p, size, ratio), opt,
+                                                            lr, p.scale.momentum.get(opt), ("sync",),
+                                                            p.scale.scan_seeds)]
+            if not scan["done"]:
+                done = False
+                continue
+            lr = scan["best"]["sync"]
+            cell = axis_cell(p, out, size, ratio, opt, lr)
+            runs += cell["runs"]
+            done = done and cell["power"]["done"]
+            table[(size, ratio, opt)] = {"scan": scan, "lr": lr, "cell": cell}
+    return runs, (table if done else None)
+
+
+# -- findings 5 and 6 --------------------------------------------------------------------------------
 
 
 def schedule_delays(depth: int) -> list[int]:
@@ -227,19 +477,33 @@ def toy(p: Preset) -> dict[str, list[ToyRun]]:
     return {"rates": rates, "cost": [cost], "compare": [compare]}
 
 
+# -- everything ----------------------------------------------------------------------------------------
+
+
+def llm_runs(p: Preset, out: Path) -> list[LLMRun]:
+    """Every GPT run of the report decidable now (also what runs.jsonl lists at the end)."""
+    runs = []
+    if p.scale is not None:
+        runs += axis(p, out)[0]
+    if p.llm is not None:
+        runs += grid(p, out)
+    if p.schedules is not None:
+        runs += [r for group in schedules(p).values() for r in group]
+    if p.llm is not None:
+        best = best_sync(p, out)
+        if best is not None:
+            runs += headline(p, out, best) + mitigations(p, best, out) + momentum(p, best, out)
+            runs += ef_lrs(p, best, out)
+            runs += [r for rec in overhead_plan(p, out, best).values() for r in rec["runs"]]
+            runs += [r for group in ablations(p, best).values() for r in group]
+    return runs
+
+
 def plan(p: Preset, out: Path) -> list:
-    """Every run the report needs that can be decided now, cheapest-to-decide first."""
-    runs = scale_scan(p) if p.scale else []
-    runs += grid(p)
-    runs += [r for group in schedules(p).values() for r in group]
-    runs += [r for group in toy(p).values() for r in group]
-    lrs = scale_lrs(p, out) if p.scale else None
-    if lrs is not None:
-        runs += [r for group in scale(p, lrs).values() for r in group]
-    best = best_sync(p, out)
-    if best is not None:
-        runs += mitigations(p, best) + momentum(p, best) + ef_lrs(p, best)
-        runs += [r for group in ablations(p, best).values() for r in group]
+    """Every run the report needs that can be decided now."""
+    runs: list = llm_runs(p, out)
+    if p.toy is not None:
+        runs += [r for group in toy(p).values() for r in group]
     return _unique(runs)
 
 

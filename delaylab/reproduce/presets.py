@@ -3,12 +3,12 @@
 A preset has up to four parts: the GPT grid of findings 1-4 and the protocol's ablations
 (:class:`LLMGrid`), the schedule comparison of finding 5 (:class:`ScheduleGrid`, per-stage
 delays in the single-process simulator), the toy checks of finding 6 (:class:`ToyGrid`) and the
-scale axis (:class:`ScaleGrid`, optional). Every field ends up in ``DIR/reproduce.json``, so a
+tokens-per-parameter and model-size axes (:class:`ScaleGrid`); a part that is None is not run. Every field ends up in ``DIR/reproduce.json``, so a
 folder is only ever resumed with the grid that started it.
 
-``cpu-small`` (the full protocol) took 67 min on a 2-core CPU with two runs at a time, one
-thread each; ``cpu-quick`` (AdamW vs Muon on the small GPT) 12 min; ``ci`` runs every part of
-the pipeline on a few seconds of training.
+Each CPU preset is sized to finish within 90 minutes on a 2-core CPU with two runs at a time,
+one thread each (docs/reproduction.md has the measured times); ``ci`` runs every part of the
+pipeline on a few seconds of training.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ MITIGATIONS = ("ef", "dc-asgd", "sync-start", "sync-cooldown")
 class LLMGrid:
     """Findings 1-4 on one model.
 
-    ``base``: TrainConfig fields of every run. ``lrs``: the peak-lr grid per optimizer; finding 1
-    compares sync and delayed at each optimizer's best sync lr of it (the paper tunes lr per
-    optimizer), finding 4 reads the whole grid of the ``lr_sweep`` optimizers. ``momentum``: the
-    momentum of findings 1, 2 and 4 (absent: the optimizer's default), given explicitly where
-    ``momenta`` (finding 3's grid, at the best lr) contains it so the two share runs.
-    ``sync_steps``: K of the sync-start and sync-cooldown mitigations.
+    ``base``: TrainConfig fields of every run. ``lrs``: the starting peak-lr grid per optimizer,
+    extended by the plan's rule (``lr_extend``); finding 1 compares sync and delayed at each
+    optimizer's best sync lr of it (the paper tunes lr per optimizer), finding 4 reads the whole
+    grid of the ``lr_sweep`` optimizers. ``momentum``: the momentum of findings 1, 2 and 4
+    (absent: the optimizer's default), given explicitly where ``momenta`` (finding 3's grid, at
+    the best lr) contains it so the two share runs. ``sync_steps``: K of the sync-start and
+    sync-cooldown mitigations. ``seeds``: every cell's base seeds (``optimizer_seeds`` may set an
+    optimizer's own); which lr is best is decided on them.
     """
 
     base: dict
@@ -51,29 +53,51 @@ class LLMGrid:
     length_factors: tuple[int, ...] = ()
     dc_lambdas: tuple[float, ...] = ()
     dc_adaptive: bool = False
+    ablation_seeds: int | None = None  # None: ``seeds``
+    # Protocol v3 (issue 24). ``lr_extend``: an lr grid grows by x2 / /2 while its best point is at
+    # an edge, at most this many steps per side (then the optimum is reported censored).
+    # ``headline``: optimizers whose best-sync-lr cell (sync, delayed, EF) adds seeds two at a time,
+    # up to ``max_seeds``, until its gap's 95% t interval is narrower than half the gap.
+    # ``overhead``: optimizers whose delayed (and EF) runs that miss sync's final loss are rerun
+    # ``overhead_lengths`` times as long (schedule stretched) until they reach it.
+    lr_extend: int = 2
+    optimizer_seeds: dict[str, int] = field(default_factory=dict)  # an optimizer's own base seeds
+    headline: tuple[str, ...] = ()
+    max_seeds: int = 10
+    overhead: tuple[str, ...] = ()
+    overhead_lengths: tuple[float, ...] = (1.5, 2, 4)
 
 
 @dataclass(frozen=True)
 class ScaleGrid:
-    """The scale axis: ``modes`` of ``optimizers`` at every model size, one tokens-per-parameter ratio.
+    """The tokens-per-parameter axis (and beside it the model-size axis, where several sizes share
+    a ratio): ``modes`` of ``optimizers`` at each (size, ratio) point, ratios up to ``max_ratio``.
 
-    ``steps[size]`` = tokens_per_param * params / (batch_size * block_size), rounded (a test
-    checks it against the model). The peak lr is the best of a one-seed sync scan over
-    ``lrs[opt]`` at each size in ``scan_sizes``; a size without a scan takes the lr of the
-    largest scanned size below it (transferred, not tuned: said in the report).
+    A point's updates are ``ratio * params / (batch_size[size] * block_size)``, rounded, with the
+    model's parameters counted for the run's vocabulary. Its peak lr is the best of a
+    ``scan_seeds``-seed sync scan over ``lrs[opt]``, extended at an edge by ``lr_extend`` steps per
+    side like every lr grid: the lr is tuned at every ratio (the optimum moves with the length).
+    ``seeds``: the runs at that lr; ``max_seeds``: the power rule's cap (see :class:`LLMGrid`).
     """
 
+    base: dict
     sizes: tuple[str, ...]
-    steps: dict[str, int]
-    tokens_per_param: float | None  # None: steps chosen for speed, no ratio (ci)
-    batch_size: int
+    ratios: tuple[float, ...]
+    batch_size: dict[str, int]
     block_size: int
     optimizers: tuple[str, ...]
     lrs: dict[str, tuple[float, ...]]
-    scan_sizes: tuple[str, ...]
     seeds: int
+    max_ratio: dict[str, float] = field(default_factory=dict)
     modes: tuple[str, ...] = ("sync", "delayed", "ef")
+    momentum: dict[str, float] = field(default_factory=dict)
+    scan_seeds: int = 1
+    lr_extend: int = 2
+    max_seeds: int | None = None  # None: no seeds beyond ``seeds``
     evals: int = 12  # validations per run
+
+    def points(self) -> list[tuple[str, float]]:
+        return [(size, r) for size in self.sizes for r in self.ratios if r <= self.max_ratio.get(size, r)]
 
 
 @dataclass(frozen=True)
@@ -112,16 +136,23 @@ class ToyGrid:
 
 @dataclass(frozen=True)
 class Preset:
+    """A report's grids; a part that is None is not run (the tokens-per-parameter preset has only ``scale``)."""
+
     name: str
     summary: str
-    llm: LLMGrid
-    schedules: ScheduleGrid
-    toy: ToyGrid
+    llm: LLMGrid | None
+    schedules: ScheduleGrid | None
+    toy: ToyGrid | None
     scale: ScaleGrid | None = None
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def base(self) -> dict:
+        """The TrainConfig fields every GPT run of the preset starts from."""
+        return self.llm.base if self.llm is not None else self.scale.base
 
 
 _RUN = dict(data="shakespeare", tokenizer="byte", threads=1, progress=False, device="cpu")
@@ -129,13 +160,18 @@ _RUN = dict(data="shakespeare", tokenizer="byte", threads=1, progress=False, dev
 # The lrs of the paper's two headline optimizers, factor-2 steps around their best sync lr.
 _MAIN_LRS = {"adamw": (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2), "muon": (0.01, 0.02, 0.04, 0.08, 0.16)}
 
+_TOY_FULL = ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectral", "lmo-sign", "lmo-l2"),
+                    T=(100, 400, 1600), seeds=8)
+
 PRESETS: dict[str, Preset] = {
     "cpu-small": Preset(
         name="cpu-small",
-        summary="tiny GPT (2 layers, d=64, context 64), 300 updates of 16 sequences, 3 seeds, with the lr, "
-                "momentum, warmup, length and DC-ASGD ablations; schedules on the 4-layer small GPT (d=128, "
-                "context 64), 200 updates, 3 seeds; a scale axis tiny / small / medium (0.14M / 0.86M / 2.3M "
-                "parameters) at 0.5 tokens per parameter, 2 seeds; toy rates at T = 100..1600, 8 seeds",
+        summary="tiny GPT (2 layers, d=64, context 64), 300 updates of 16 sequences, 5 seeds for AdamW and Muon "
+                "(their best-sync-lr cells up to 10 by the power rule), 3 for Lion, SOAP, Adan and MARS, lr grids "
+                "extended at an edge, with the lr, "
+                "momentum, warmup, length and DC-ASGD ablations (3 seeds) and iso-loss overheads measured with "
+                "runs up to 4x as long; schedules on the 4-layer small GPT (d=128, context 64), 220 updates, "
+                "5 seeds; toy rates at T = 100..1600, 8 seeds",
         llm=LLMGrid(
             base=dict(preset="tiny", batch_size=16, steps=300, eval_every=25, eval_batches=8,
                       log_every=10, ckpt_every=100, **_RUN),
@@ -148,7 +184,7 @@ PRESETS: dict[str, Preset] = {
             # 10 / (1 - 0.98) = 500 updates after warmup (these runs have 285); check_protocol.
             momenta={"adamw": (0.8, 0.9, 0.95), "muon": (0.8, 0.9, 0.95)},
             lr_sweep=("adamw", "muon"),
-            seeds=3,
+            seeds=5,
             sync_steps=30,
             ef_lrs=("adamw", "muon"),
             ablation_optimizers=("adamw", "muon"),
@@ -156,46 +192,72 @@ PRESETS: dict[str, Preset] = {
             length_factors=(4,),
             dc_lambdas=(0.04, 0.4, 4.0, 40.0, 400.0, 4000.0),
             dc_adaptive=True,
+            ablation_seeds=3,
+            optimizer_seeds={"lion": 3, "soap": 3, "adan": 3, "mars": 3},  # not headline cells: time
+            headline=("adamw", "muon"),
+            max_seeds=10,
+            overhead=("adamw", "muon"),
         ),
         schedules=ScheduleGrid(
-            overrides=dict(preset="small", block_size=64, steps=200, eval_every=20, ckpt_every=100),
-            optimizers=("adamw", "muon"), lrs={"adamw": 2e-3, "muon": 0.02}, depths=(2, 4), seeds=3,
+            overrides=dict(preset="small", block_size=64, steps=220, eval_every=22, ckpt_every=110),
+            optimizers=("adamw", "muon"), lrs={"adamw": 2e-3, "muon": 0.02}, depths=(2, 4), seeds=5,
         ),
-        toy=ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectral", "lmo-sign", "lmo-l2"),
-                    T=(100, 400, 1600), seeds=8),
-        scale=ScaleGrid(
-            sizes=("tiny", "small", "medium"), steps={"tiny": 132, "small": 841, "medium": 2270},
-            tokens_per_param=0.5, batch_size=8, block_size=64, optimizers=("adamw", "muon"),
-            lrs={"adamw": (1e-3, 2e-3, 4e-3), "muon": (0.01, 0.02, 0.04)}, scan_sizes=("tiny", "small"),
-            seeds=2,
-        ),
+        toy=_TOY_FULL,
         notes=("depth 8 not in this preset (time): run it with n_layer=8 in the schedule overrides",
-               "the medium model's lr is the small model's best (no scan at medium: time)"),
+               "Lion (momentum beta2 0.99: 1000 updates after warmup) and Adan (beta1 0.98: 500) break the "
+               "updates-after-warmup rule at 300 updates: their verdicts are undetermined",
+               "the model-size and tokens-per-parameter axes are the cpu-tokens preset"),
     ),
     "cpu-quick": Preset(
         name="cpu-quick",
-        summary="the small GPT (4 layers, d=128, context 64), 200 updates of 16 sequences, AdamW and Muon over "
-                "3 lrs, 4 seeds: the paper's ordering, EF and sync start, 2BW vs PipeDream at depth 2; toy rates",
+        summary="the small GPT (4 layers, d=128, context 64), 220 updates of 16 sequences, AdamW and Muon over "
+                "3 lrs (extended at an edge), 5 seeds (best-sync-lr cells up to 10 by the power rule): the "
+                "paper's ordering, EF and sync start, delayed runs up to 4x as long for the iso-loss overhead, "
+                "2BW vs PipeDream at depth 2; toy rates",
         llm=LLMGrid(
-            base=dict(preset="small", block_size=64, batch_size=16, steps=200, eval_every=20, eval_batches=8,
-                      log_every=10, ckpt_every=100, **_RUN),
+            # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (check_protocol)
+            base=dict(preset="small", block_size=64, batch_size=16, steps=220, eval_every=22, eval_batches=8,
+                      log_every=10, ckpt_every=110, **_RUN),
             optimizers=("adamw", "muon"),
             lrs={"adamw": (2e-3, 4e-3, 8e-3), "muon": (0.01, 0.02, 0.04)},
             momentum={"adamw": 0.9, "muon": 0.95},
             momenta={},
             lr_sweep=("adamw", "muon"),
-            seeds=4,
-            sync_steps=20,
+            seeds=5,
+            sync_steps=22,
             mitigations=("ef", "sync-start"),
+            headline=("adamw", "muon"),
+            max_seeds=10,
+            overhead=("adamw", "muon"),
         ),
         schedules=ScheduleGrid(overrides={}, optimizers=("adamw", "muon"), lrs={"adamw": 4e-3, "muon": 0.02},
-                               depths=(2,), seeds=4),
+                               depths=(2,), seeds=5),
         toy=ToyGrid(problems=("logdet",), methods=("lmo-spectral", "lmo-sign"), T=(100, 400, 1600), seeds=4,
                     compare_seeds=4),
     ),
+    "cpu-tokens": Preset(
+        name="cpu-tokens",
+        summary="the tokens-per-parameter axis: AdamW and Muon, sync / delayed / EF, on the tiny GPT (0.14M "
+                "parameters, batch 4 x 64) at 0.5, 2, 5 and 20 tokens per parameter and on the small GPT (0.86M, "
+                "batch 8 x 64) at 0.5 (the model-size comparison), the lr tuned at every point by a one-seed sync scan (extended at an "
+                "edge), 5 seeds",
+        llm=None, schedules=None, toy=None,
+        scale=ScaleGrid(
+            base=dict(preset="tiny", eval_batches=8, log_every=10, **_RUN),
+            sizes=("tiny", "small"), ratios=(0.5, 2.0, 5.0, 20.0), max_ratio={"small": 0.5},
+            # tiny at 0.5 tokens/param with 8 sequences would be 132 updates, under the 200 after warmup
+            # Muon's momentum 0.95 needs: 4 sequences give 264
+            batch_size={"tiny": 4, "small": 8}, block_size=64, optimizers=("adamw", "muon"),
+            lrs={"adamw": (1e-3, 2e-3, 4e-3), "muon": (0.01, 0.02, 0.04)},
+            momentum={"adamw": 0.9, "muon": 0.95}, seeds=5,  # no seeds beyond 5 (time): an unresolved gap says so
+        ),
+        notes=("the small GPT stops at 0.5 tokens per parameter and the medium one is not run: time (small at 2 "
+               "tokens per parameter alone would take about 45 min of the 90 on 2 cores)",),
+    ),
     "ci": Preset(
         name="ci",
-        summary="every part of the report on a few seconds of training (checks the pipeline, not the science)",
+        summary="every part of the report on a few seconds of training (checks the pipeline, not the science: its "
+                "GPT runs are too short for the protocol, so every verdict on them is undetermined)",
         llm=LLMGrid(
             base=dict(preset="tiny", batch_size=4, block_size=32, steps=24, eval_every=4, eval_batches=2,
                       log_every=4, ckpt_every=12, **_RUN),
@@ -212,35 +274,55 @@ PRESETS: dict[str, Preset] = {
             length_factors=(2,),
             dc_lambdas=(0.04, 40.0),
             dc_adaptive=True,
+            lr_extend=1,
+            headline=("adamw", "muon"),
+            max_seeds=4,
+            overhead=("adamw",),
+            overhead_lengths=(1.5, 2),
         ),
         schedules=ScheduleGrid(overrides={}, optimizers=("adamw",), lrs={"adamw": 3e-3}, depths=(2,), seeds=2),
         toy=ToyGrid(problems=("logdet",), methods=("lmo-spectral",), T=(50, 100), seeds=2,
                     cost_T=100, cost_betas=(0.5, 0.9), compare_T=100,
                     compare_seeds=2),
-        scale=ScaleGrid(sizes=("tiny", "small"), steps={"tiny": 12, "small": 16}, tokens_per_param=None,
-                        batch_size=2, block_size=32, optimizers=("adamw", "muon"),
-                        lrs={"adamw": (1e-3, 3e-3), "muon": (0.01, 0.02)}, scan_sizes=("tiny",), seeds=2,
-                        evals=4),
+        scale=ScaleGrid(base=dict(preset="tiny", eval_batches=2, log_every=4, **_RUN), sizes=("tiny", "small"),
+                        ratios=(0.003, 0.006), max_ratio={"small": 0.003}, batch_size={"tiny": 2, "small": 2},
+                        block_size=32, optimizers=("adamw", "muon"), lrs={"adamw": (1e-3, 3e-3), "muon": (0.01, 0.02)},
+                        momentum={"adamw": 0.9, "muon": 0.95}, seeds=2, lr_extend=1, evals=4),
     ),
 }
 
 
 def check_protocol(p: Preset) -> None:
-    """The momentum grid's rules: AdamW's beta1^2 < beta2 (else its second moment lags the first),
-    and at least 10 / (1 - beta) updates after warmup (the momentum's memory, ten times over)."""
-    from delaylab.optim.registry import DEFAULTS
+    """The protocol's rules (:func:`delaylab.reproduce.verdicts.protocol_issues`) on the runs a
+    preset's headline depends on: the momentum grid, the headline optimizers' runs, the schedule
+    comparison and every point of the axes. Another optimizer that breaks them (cpu-small's Lion
+    and Adan) runs, and every verdict on it says undetermined. ci's runs are too short to mean
+    anything (under 100 updates): not checked here, and its verdicts are all undetermined."""
+    from delaylab.reproduce.verdicts import protocol_issues
+
+    def check(opt, mom, base):
+        if base["steps"] < 100:
+            return
+        issues = protocol_issues(opt, mom, base["steps"], base.get("warmup"))
+        if issues:
+            raise ConfigError(f"preset {p.name}: {issues[0]}")
 
     g = p.llm
-    steps = g.base["steps"]
-    after_warmup = steps - g.base.get("warmup", steps // 20)
-    beta2 = DEFAULTS["adamw"]["betas"][1]
-    for opt, grid in g.momenta.items():
-        for m in grid:
-            if opt == "adamw" and not m * m < beta2:
-                raise ConfigError(f"preset {p.name}: AdamW beta1 {m} needs beta2 > {m * m:.4f}, has {beta2}")
-            if steps >= 100 and 10 / (1 - m) > after_warmup:  # ci's runs are too short to mean anything
-                raise ConfigError(f"preset {p.name}: momentum {m} needs {10 / (1 - m):.0f} updates after warmup, "
-                                  f"the runs have {after_warmup}")
+    if g is not None:
+        for opt, grid in g.momenta.items():
+            for m in grid:
+                check(opt, m, g.base)
+        for opt in g.headline:
+            check(opt, g.momentum.get(opt), g.base)
+    if p.schedules is not None:
+        for opt in p.schedules.optimizers:
+            check(opt, p.llm.momentum.get(opt), {**p.llm.base, **p.schedules.overrides})
+    if p.scale is not None:
+        from delaylab.reproduce.plan import axis_base
+
+        for size, ratio in p.scale.points():
+            for opt in p.scale.optimizers:
+                check(opt, p.scale.momentum.get(opt), axis_base(p, size, ratio))
 
 
 def get_preset(name: str) -> Preset:

@@ -6,35 +6,43 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 
 - **Ablations** at the best sync lr: warmup (the base's 5% against ``warmup_fractions``), run
   length (1x against ``length_factors``; the longer runs give the iso-loss overhead against the
-  1x sync run as a measured number, where equal-length runs only give a lower bound), DC-ASGD's
+  1x sync run, a number only where every seed reaches that run's final loss), DC-ASGD's
   lambda over decades and DC-ASGD-a.
-- **Scale axis**: sync, delayed and EF of AdamW and Muon at each model size, one
-  tokens-per-parameter ratio; gaps, their ratio, EF recovery, and each one's trend against
-  log10(parameters) with a bootstrap interval (seeds resampled within each size).
+- **Axes** (tokens per parameter, and model size where sizes share a ratio): sync, delayed and EF
+  of AdamW and Muon at each point, the lr tuned at each; gaps (t intervals), the AdamW/Muon gap
+  ratio and EF recovery (Fieller's sets), and the direction each moves toward 20 tokens per
+  parameter: Welch's interval for the change of a gap, disjoint Fieller intervals for a ratio.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import numpy as np
 
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
-from delaylab.reproduce.findings import (_ci, _cell_row, _fmt, _sign, diagnostics_of, qualitative, stats)
+from delaylab.reproduce.findings import _ci, _cell_row, _fmt, diagnostics_of, qualitative, stats
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import read_summary
 
-# The paper's 360M figures the scale axis heads toward (DESIGN.md; arXiv:2606.30634).
+# The paper's 360M figures the axes head toward (DESIGN.md; arXiv:2606.30634), at 20 tokens per parameter.
 PAPER_SCALE = {"adamw_gap": 0.278, "muon_gap": 0.012, "gap_ratio": 0.278 / 0.012, "adamw_ef": (50.0, 90.0),
                "muon_ef": (50.0, 90.0)}
+PAPER_TOKENS_PER_PARAM = 20.0
 
 
 def _line(text: str) -> dict:
     """A verdict that states a measurement: nothing here to agree or disagree with."""
-    return {"claim": "", "predicted": "", "measured": text, "agree": None, "line": text}
+    return {"claim": "", "predicted": "", "measured": text, "kind": "note", "state": None, "score": None,
+            "line": text}
+
+
+def _sign(s: dict | None) -> int:
+    """+1 / -1 where the 95% interval of a per-seed difference excludes zero, 0 where it does not."""
+    if not s or s.get("ci") is None or s.get("diverged"):
+        return 0
+    return 1 if s["ci"][0] > 0 else -1 if s["ci"][1] < 0 else 0
 
 
 def _seed_map(rows: list[dict], opt: str, mode: str) -> dict[int, float | None]:
@@ -55,7 +63,7 @@ def _setting(rows: list[dict], opt: str, lr: float, mom, fix: str | None = "ef")
         rec = grid.get("ef_recovered_pct") or {}
         out["fix"] = fix
         out["fix_gap"] = cell[f"{fix}_gap"]
-        out["recovered"] = {k: rec.get(k) for k in ("ratio_of_means", "ci_boot", "median", "unstable")}
+        out["recovered"] = {k: rec.get(k) for k in ("ratio_of_means", "ci", "set", "median", "unstable", "n")}
     return out
 
 
@@ -64,8 +72,8 @@ def _difference(a: dict, b: dict) -> dict:
     return stats([None if x is None or y is None else y - x for x, y in zip(a["values"], b["values"])])
 
 
-def recovery_text(rec: dict | None, unstable: str = " (unstable: gap not resolved)") -> str:
-    """``74% [56, 94]``: a recovered share (ratio of means) and its bootstrap interval."""
+def recovery_text(rec: dict | None, unstable: str = " (gap not resolved)") -> str:
+    """``74% [56, 94]``: a recovered share (ratio of means) and Fieller's set, mapped to percent."""
     if not rec or rec.get("ratio_of_means") is None:
         return "n/a"
     return f"{rec['ratio_of_means']:.0f}% {_ci(rec, '.0f')}" + (unstable if rec.get("unstable") else "")
@@ -75,9 +83,10 @@ def ablations(p: Preset, out: Path) -> dict:
     g = p.llm
     best = P.best_sync(p, out)
     groups = P.ablations(p, best)
-    base_runs = [r for r in P.grid(p) + P.mitigations(p, best)
+    seeds = range(g.ablation_seeds or g.seeds)  # the 1x reference on the ablations' seeds
+    base_runs = [r for r in P.grid(p, out) + P.mitigations(p, best, out)
                  if r.cell.optimizer in g.ablation_optimizers and r.cell.lr == best[r.cell.optimizer]["lr"]
-                 and r.label in ("sync", "delayed", "ef") and r.variant == P.MAIN]
+                 and r.label in ("sync", "delayed", "ef") and r.variant == P.MAIN and r.cell.seed in seeds]
     base = P.records(out, base_runs, curves=True)
     warmup, length, dc, verdicts = [], [], [], []
     default_warmup = f"{round(100 * (g.base.get('warmup', g.base['steps'] // 20)) / g.base['steps'])}%"
@@ -105,7 +114,8 @@ def ablations(p: Preset, out: Path) -> dict:
                 seeds = sorted(set(sync_1x) & set(mine))
                 if seeds:
                     cross[mode] = metrics.overhead_over_seeds(
-                        [metrics.iso_loss_overhead(sync_1x[s], mine[s]) for s in seeds])
+                        [metrics.iso_loss_overhead(sync_1x[s], mine[s]) for s in seeds],
+                        max_length=float(name[len("length-"):-1]))
             length.append({"optimizer": opt, "settings": {"length-1x": ref, name: var}, "gap_change": change,
                            "overhead_vs_1x_sync": cross})
             verdicts.append(
@@ -114,8 +124,7 @@ def ablations(p: Preset, out: Path) -> dict:
                 + ("resolved" if _sign(change) else "not resolved") + "); EF recovers "
                 f"{recovery_text(ref.get('recovered'))} -> {recovery_text(var.get('recovered'))}; tokens the "
                 f"{name[len('length-'):]} delayed run needs to reach the 1x sync run's final loss: "
-                f"{metrics.fmt_overhead(cross.get('delayed'))} x the 1x run's (equal-length overhead "
-                f"{metrics.fmt_overhead(ref['overhead'].get('delayed'))}).")
+                f"{metrics.fmt_overhead(cross.get('delayed'))} x the 1x run's.")
         dc_rows = []
         for name in [n for n in groups if n.startswith("dc-asgd")]:
             rows = P.records(out, groups[name]) + [r for r in base if r["mode"] in ("sync", "delayed")]
@@ -151,133 +160,149 @@ def ablations(p: Preset, out: Path) -> dict:
             "counts": parts, "headline": headline,
             "theory_numbers": [qualitative("warmup and length", "no bound here predicts the loss gap's change"),
                                qualitative("DC-ASGD lambda", "no bound covers DC-ASGD")],
-            "reproduced": "n.a.", "theory_agrees": "qualitative"}
+            "reproduced": "n.a.", "reproduced_counts": "", "theory_agrees": "qualitative", "theory_counts": ""}
 
 
-# -- 8: scale axis --------------------------------------------------------------------------------------
+# -- 8: the tokens-per-parameter and model-size axes ---------------------------------------------------------
 
 
-def _trend(xs: list[float], samples: list[np.ndarray], stat, seed: int = metrics.BOOT_SEED) -> dict:
-    """Least-squares slope of ``stat(samples[i])`` against ``xs``; a bootstrap interval that
-    resamples the rows (seeds) of each size independently (``metrics.RESAMPLES`` draws)."""
-    values = [stat(s) for s in samples]
-    pts = [(x, v) for x, v in zip(xs, values) if v is not None and math.isfinite(v)]
-    if len(pts) < 2:
-        return {"values": values, "slope": None, "ci_boot": None}
-    slope = float(np.polyfit([a for a, _ in pts], [b for _, b in pts], 1)[0])
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(metrics.RESAMPLES):
-        vals = [stat(s[rng.integers(0, len(s), len(s))]) if len(s) else math.nan for s in samples]
-        ok = [(x, v) for x, v in zip(xs, vals) if v is not None and math.isfinite(v)]
-        if len(ok) == len(pts):
-            draws.append(np.polyfit([a for a, _ in ok], [b for _, b in ok], 1)[0])
-    a = (1 - metrics.CONFIDENCE) / 2
-    ci = [float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a))] if len(draws) > 10 else None
-    return {"values": values, "slope": slope, "ci_boot": ci}
+def _gap_ratio(a: dict, m: dict) -> dict:
+    """AdamW gap / Muon gap at one point, paired by seed (Fieller's set)."""
+    ga = {k: None if a["delayed"].get(k) is None or a["sync"][k] is None else a["delayed"][k] - a["sync"][k]
+          for k in a["sync"]}
+    gm = {k: None if m["delayed"].get(k) is None or m["sync"][k] is None else m["delayed"][k] - m["sync"][k]
+          for k in m["sync"]}
+    return metrics.mean_ratio(ga, gm)
 
 
-def _gap_stat(s: np.ndarray) -> float:
-    return float(s[:, 1].mean() - s[:, 0].mean())
+def _change(first: dict, last: dict, kind: str) -> dict:
+    """How a quantity moves from the first to the last point of an axis: for a mean (``gap``),
+    Welch's interval of the difference of the two independent means; for a ratio, the change is
+    resolved only where the two points' bounded 95% intervals are disjoint (a conservative test)."""
+    if kind == "gap":
+        if first.get("mean") is None or last.get("mean") is None:
+            return {"delta": None, "ci": None, "sign": 0}
+        ci = metrics.welch_interval(first["values"], last["values"])
+        sign = 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
+        return {"delta": last["mean"] - first["mean"], "ci": ci, "sign": sign}
+    a, b = first.get("value"), last.get("value")
+    if a is None or b is None:
+        return {"delta": None, "ci": None, "sign": 0}
+    ia, ib = first.get("ci"), last.get("ci")
+    sign = 0 if not (ia and ib) else 1 if ib[0] > ia[1] else -1 if ib[1] < ia[0] else 0
+    return {"delta": b - a, "ci": None, "sign": sign}
 
 
-def _ratio_stat(s: np.ndarray) -> float:  # columns: adamw sync, delayed, muon sync, delayed
-    m = s[:, 3].mean() - s[:, 2].mean()
-    return float((s[:, 1].mean() - s[:, 0].mean()) / m) if m != 0 else math.nan
-
-
-def _recovery_stat(s: np.ndarray) -> float:
-    d = s[:, 1].mean() - s[:, 0].mean()
-    return float(100 * (s[:, 1].mean() - s[:, 2].mean()) / d) if d != 0 else math.nan
-
-
-def _direction(trend: dict, value: float | None, target) -> str:
-    """Which way the quantity moves with size, against where the paper's figure lies from ours."""
-    ci = trend["ci_boot"]
-    if trend["slope"] is None or value is None:
+def _toward(change: dict, value, target) -> str:
+    """Direction toward the longer training, and whether that heads to the paper's figure."""
+    if change["delta"] is None:
         return "n/a"
-    if ci is None or ci[0] <= 0 <= ci[1]:
-        return "no resolved trend"
-    lo, hi = target if isinstance(target, tuple) else (target, target)
-    up = trend["slope"] > 0
-    if lo <= value <= hi:
-        return ("grows" if up else "falls") + " with size; already in the paper's range"
+    if change["sign"] == 0:
+        return "no resolved change"
+    up = change["sign"] > 0
+    word = "grows" if up else "shrinks"
+    lo, hi = target if isinstance(target, (tuple, list)) else (target, target)
+    if value is not None and lo <= value <= hi:
+        return f"{word}; at the paper's value"
+    if value is None:
+        return word
     toward = (value < lo) == up
-    return ("grows" if up else "falls") + " with size: " + ("toward" if toward else "away from") + " the paper's"
+    return f"{word}, " + ("toward" if toward else "away from") + " the paper's"
 
 
 def scale(p: Preset, out: Path) -> dict:
     s = p.scale
-    lrs = P.scale_lrs(p, out)
-    groups = P.scale(p, lrs)
-    table, params, samples = [], [], {"adamw": [], "muon": [], "ratio": [], "adamw_ef": [], "muon_ef": []}
-    for size in s.sizes:
-        rows = P.records(out, groups[size], curves=True)
-        params.append(read_summary(out, groups[size][0])["params"])
-        entry = {"size": size, "params": params[-1], "steps": s.steps[size],
-                 "tokens": s.steps[size] * s.batch_size * s.block_size, "optimizers": {}}
+    _, cells = P.axis(p, out)
+    points, table = s.points(), []
+    for size, ratio in points:
+        entry = {"size": size, "tokens_per_param": ratio, "optimizers": {}}
         cols = {}
         for opt in s.optimizers:
-            setting = _setting(rows, opt, lrs[size][opt]["lr"], p.llm.momentum.get(opt))
-            setting["lr_scanned"] = lrs[size][opt]["scanned"]
+            c = cells[(size, ratio, opt)]
+            rows = P.records(out, c["cell"]["runs"], curves=True)
+            setting = _setting(rows, opt, c["lr"], s.momentum.get(opt))
+            summary = read_summary(out, c["cell"]["runs"][0])
+            entry.update(params=summary["params"], steps=P.axis_base(p, size, ratio)["steps"],
+                         tokens=summary.get("tokens"))
+            setting["overhead"] = {}  # not measured on the axes (no longer runs): absent, not a bound
+            setting["lr_scan"] = {"lrs": c["scan"]["lrs"], "censored": c["scan"]["censored"].get("sync"),
+                                  "extended": c["scan"]["extended"]}
+            setting["power"] = c["cell"]["power"]
+            setting["issues"] = sorted({i for r in rows for i in r["issues"]})
             entry["optimizers"][opt] = setting
-            cols[opt] = {m: _seed_map(rows, opt, m) for m in ("sync", "delayed", "ef")}
+            cols[opt] = {m: {r["seed"]: r["val_loss"] for r in rows if r["mode"] == m} for m in ("sync", "delayed", "ef")}
         if {"adamw", "muon"} <= set(s.optimizers):
-            a, m = cols["adamw"], cols["muon"]
-            entry["gap_ratio"] = metrics.mean_ratio(
-                {k: None if a["delayed"][k] is None or a["sync"][k] is None else a["delayed"][k] - a["sync"][k]
-                 for k in a["sync"]},
-                {k: None if m["delayed"][k] is None or m["sync"][k] is None else m["delayed"][k] - m["sync"][k]
-                 for k in m["sync"]})
-            seeds = sorted(set(a["sync"]) & set(m["sync"]))
-            samples["ratio"].append(_rows([[a["sync"][k], a["delayed"][k], m["sync"][k], m["delayed"][k]]
-                                           for k in seeds]))
-        for opt in ("adamw", "muon"):
-            if opt in cols:
-                c = cols[opt]
-                seeds = sorted(set(c["sync"]) & set(c["delayed"]) & set(c["ef"]))
-                arr = _rows([[c["sync"][k], c["delayed"][k], c["ef"][k]] for k in seeds])
-                samples[opt].append(arr)
-                samples[f"{opt}_ef"].append(arr)
+            entry["gap_ratio"] = _gap_ratio(cols["adamw"], cols["muon"])
         table.append(entry)
-    xs = [math.log10(n) for n in params]
+
+    def value(e, key):
+        """{"value", "ci", "values", "mean"} of one quantity at one point."""
+        if key.endswith("_gap"):
+            g = e["optimizers"][key[:-4]]["gap"]
+            return {**g, "value": g["mean"]}
+        if key == "gap_ratio":
+            r = e.get("gap_ratio") or {}
+            return {"value": r.get("ratio"), "ci": r.get("ci"), "set": r.get("set")}
+        rec = e["optimizers"][key[:-3]].get("recovered") or {}
+        return {"value": rec.get("ratio_of_means"), "ci": rec.get("ci"), "set": rec.get("set")}
+
+    quantities = [(f"{o}_gap", f"{o} gap") for o in s.optimizers] + (
+        [("gap_ratio", "AdamW gap / Muon gap")] if {"adamw", "muon"} <= set(s.optimizers) else []) + [
+        (f"{o}_ef", f"{o} EF recovery (%)") for o in s.optimizers if "ef" in s.modes]
     trends, verdicts = {}, []
-    for key, stat, target, label in (
-            ("adamw_gap", _gap_stat, PAPER_SCALE["adamw_gap"], "AdamW gap"),
-            ("muon_gap", _gap_stat, PAPER_SCALE["muon_gap"], "Muon gap"),
-            ("gap_ratio", _ratio_stat, PAPER_SCALE["gap_ratio"], "AdamW gap / Muon gap"),
-            ("adamw_ef", _recovery_stat, PAPER_SCALE["adamw_ef"], "AdamW EF recovery (%)"),
-            ("muon_ef", _recovery_stat, PAPER_SCALE["muon_ef"], "Muon EF recovery (%)")):
-        sample = samples[{"adamw_gap": "adamw", "muon_gap": "muon", "gap_ratio": "ratio"}.get(key, key)]
-        if len(sample) != len(xs):
+    for size in s.sizes:
+        mine = [e for e in table if e["size"] == size]
+        if len(mine) < 2:
             continue
-        t = _trend(xs, sample, stat)
-        t["direction"] = _direction(t, t["values"][-1], target)
-        t["paper"] = target
-        trends[key] = t
-        tgt = f"{target[0]:.0f}-{target[1]:.0f}" if isinstance(target, tuple) else f"{target:.3g}"
-        verdicts.append(f"{label}: " + ", ".join(f"{e['size']} {_fmt(v, '.3g')}" for e, v in zip(table, t["values"]))
-                        + f"; slope {_fmt(t['slope'], '+.3g')} per decade of parameters {_ci(t, '+.3g')}: "
-                        f"{t['direction']} (paper at 135M-360M: {tgt}).")
-    lr_note = ", ".join(f"{e['size']}: " + ", ".join(
-        f"{o} {v['lr']:g}" + ("" if v["lr_scanned"] else f" (from {lrs[e['size']][o]['from']})")
-        for o, v in e["optimizers"].items()) for e in table)
-    ratio = f"{s.tokens_per_param:g} tokens per parameter" if s.tokens_per_param else "steps chosen for speed"
+        for key, label in quantities:
+            vals = [value(e, key) for e in mine]
+            ch = _change(vals[0], vals[-1], "gap" if key.endswith("_gap") else "ratio")
+            target = PAPER_SCALE[key]
+            direction = _toward(ch, vals[-1]["value"], target)
+            trends[f"{size}:{key}"] = {"size": size, "quantity": key, "ratios": [e["tokens_per_param"] for e in mine],
+                                       "values": [v["value"] for v in vals], "intervals": [v.get("ci") for v in vals],
+                                       "change": ch, "direction": direction, "paper": target}
+            spec = ".0f" if key.endswith("_ef") else ".3g" if key == "gap_ratio" else "+.3f"
+            verdicts.append(f"{size}, {label} against tokens per parameter: " + ", ".join(
+                f"{e['tokens_per_param']:g}: {_fmt(v['value'], spec)} {_ci(v, spec)}" for e, v in zip(mine, vals))
+                + f"; from {mine[0]['tokens_per_param']:g} to {mine[-1]['tokens_per_param']:g} tokens/param: "
+                + (f"change {_fmt(ch['delta'], spec)} {_ci(ch, spec)}, " if ch["ci"] else "")
+                + f"{direction} (paper at 20 tokens/param: {_paper_text(target)}).")
+    sizes = {}
+    for ratio in s.ratios:
+        here = [e for e in table if e["tokens_per_param"] == ratio]
+        if len(here) < 2:
+            continue
+        for key, label in quantities:
+            vals = [value(e, key) for e in here]
+            ch = _change(vals[0], vals[-1], "gap" if key.endswith("_gap") else "ratio")
+            sizes[f"{ratio:g}:{key}"] = {"ratio": ratio, "quantity": key, "sizes": [e["size"] for e in here],
+                                         "params": [e["params"] for e in here], "values": [v["value"] for v in vals],
+                                         "change": ch}
+            spec = ".0f" if key.endswith("_ef") else ".3g" if key == "gap_ratio" else "+.3f"
+            verdicts.append(f"{ratio:g} tokens/param, {label} against model size: " + ", ".join(
+                f"{e['size']} ({e['params'] / 1e6:.2f}M) {_fmt(v['value'], spec)} {_ci(v, spec)}"
+                for e, v in zip(here, vals)) + "; " + ("no resolved change" if ch["sign"] == 0 else
+                                                      "grows" if ch["sign"] > 0 else "shrinks") + " with size.")
     headline = "; ".join(
-        f"{e['size']} ({e['params'] / 1e6:.2f}M): AdamW {_fmt(e['optimizers'].get('adamw', {}).get('gap', {}).get('mean'))}"
-        f", Muon {_fmt(e['optimizers'].get('muon', {}).get('gap', {}).get('mean'))}" for e in table)
-    return {"id": 8, "key": "scale", "title": "Scale axis: the gaps against model size",
-            "paper": "135M and 360M models: AdamW +0.278, Muon +0.012 (360M); EF recovers 50-90%.",
-            "theory": "No bound here depends on the model size except through L and sigma, which are not measured.",
-            "setup": f"{', '.join(s.sizes)} at {ratio}, batch {s.batch_size} x {s.block_size} tokens, "
-                     f"{s.seeds} seeds; lrs {lr_note}",
-            "rows": table, "trends": trends, "verdicts": [_line(v) for v in verdicts], "headline": headline,
-            "theory_numbers": [qualitative("gaps against size", "no number: the bounds' L and sigma are not "
-                                           "measured at each size")],
-            "reproduced": "n.a.", "theory_agrees": "qualitative"}
+        f"{e['size']} {e['tokens_per_param']:g} tok/param: " + ", ".join(
+            f"{o} {_fmt(st['gap']['mean'])} {_ci(st['gap'])}" for o, st in e["optimizers"].items()) for e in table)
+    setup = (f"{', '.join(f'{size} at ' + ', '.join(f'{r:g}' for r in s.ratios if (size, r) in points) for size in s.sizes)} "
+             f"tokens per parameter; batch " + ", ".join(f"{k} {v}" for k, v in s.batch_size.items())
+             + f" x {s.block_size} tokens; {s.seeds} seeds"
+             + (f" (power rule up to {s.max_seeds})" if s.max_seeds else " (none added: an unresolved gap says so)")
+             + "; lr: the best of a "
+             f"{s.scan_seeds}-seed sync scan at each point, grown at an edge up to {s.lr_extend} steps per side")
+    return {"id": 8, "key": "scale", "title": "Axes: the gaps against tokens per parameter and model size",
+            "paper": "360M at 20 tokens per parameter: AdamW +0.278, Muon +0.012; EF recovers 50-90%.",
+            "theory": "No bound here depends on the training length or the model size except through L, sigma and T, "
+                      "which are not measured at each point.",
+            "setup": setup, "rows": table, "trends": trends, "sizes": sizes, "verdicts": [_line(v) for v in verdicts],
+            "headline": headline,
+            "theory_numbers": [qualitative("gaps against tokens per parameter and size",
+                                           "no number: the bounds' L and sigma are not measured at each point")],
+            "reproduced": "n.a.", "reproduced_counts": "", "theory_agrees": "qualitative", "theory_counts": ""}
 
 
-def _rows(values: list[list]) -> np.ndarray:
-    """Seeds x columns, a diverged run (None) as NaN (its statistic is then NaN, dropped from a fit)."""
-    return np.array([[math.nan if v is None else v for v in row] for row in values], float).reshape(
-        len(values), -1)
+def _paper_text(x) -> str:
+    return f"{x[0]:g}-{x[1]:g}%" if isinstance(x, (list, tuple)) else f"{x:.3g}"

@@ -12,13 +12,14 @@ from pathlib import Path
 
 from delaylab.reproduce import figures, findings, protocol
 from delaylab.reproduce import plan as P
-from delaylab.llm.metrics import fmt_overhead
+from delaylab.llm.metrics import fmt_overhead, fmt_set
 from delaylab.reproduce.findings import _ci, _mode
 from delaylab.reproduce.protocol import recovery_text
 from delaylab.reproduce.presets import Preset
 
-REPORT_VERSION = 2  # 2: protocol v2 (theory column, ablations, scale axis)
+REPORT_VERSION = 3  # 3: three-valued verdicts, Fieller intervals, adaptive grids, runs.jsonl (issue 24)
 YES = {True: "yes", False: "no", None: "n/a"}
+RUNS = "runs.jsonl"  # one line per GPT run, beside report.json (see runs_jsonl)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -65,16 +66,23 @@ def _sweep_command(variant: str, base: dict, runs: list, out: str) -> list[str]:
         parts += [f"--seeds {len(seeds)}", "--jobs 2", f"--out {out}/llm/{variant}"]
         return " ".join(parts)
 
-    whole = command(runs)
-    if whole:
-        return [whole]
-    cmds = []
-    for opt in dict.fromkeys(r.cell.optimizer for r in runs):
-        mine = [r for r in runs if r.cell.optimizer == opt]
-        one = command(mine)
-        cmds += [one] if one else [c for mode in dict.fromkeys(r.cell.mode for r in mine)
-                                   for c in [command([r for r in mine if r.cell.mode == mode])] if c]
-    return cmds
+    def split(rs, keys) -> list[str]:
+        """One command for ``rs`` if a sweep grid is exactly them, else one per value of the next key
+        (optimizer, momentum, mode, lr: grown lr grids and added seeds make grids that are not products)."""
+        one = command(rs)
+        if one or not keys:
+            return [one] if one else []
+        key, rest = keys[0], keys[1:]
+        return [c for v in dict.fromkeys(key(r) for r in rs) for c in split([r for r in rs if key(r) == v], rest)]
+
+    runs = list({r.folder: r for r in runs}.values())  # a run two findings share, once
+    n_seeds: dict = {}
+    for r in runs:
+        key = (r.cell.optimizer, r.cell.mode, r.cell.lr, r.cell.momentum)
+        n_seeds[key] = n_seeds.get(key, 0) + 1
+    return split(runs, [lambda r: r.cell.optimizer, lambda r: r.cell.momentum,
+                        lambda r: n_seeds[(r.cell.optimizer, r.cell.mode, r.cell.lr, r.cell.momentum)],
+                        lambda r: r.cell.mode, lambda r: r.cell.lr])
 
 
 def llm_commands(runs: list, out: str) -> list[str]:
@@ -95,31 +103,46 @@ def toy_commands(p: Preset) -> list[str]:
 
 
 def commands(p: Preset, out: Path) -> dict[str, list[str]]:
-    """Per finding, commands that make (or, rerun, read) exactly its runs."""
+    """Per part, commands that make (or, rerun, read) exactly its runs."""
     o = str(out)
-    best = P.best_sync(p, out)
-    lr_runs = [r for r in P.grid(p) if r.cell.optimizer in p.llm.lr_sweep]
-    return {
-        "optimizers": llm_commands(P.grid(p), o),
-        "mitigations": llm_commands(P.mitigations(p, best) + P.ef_lrs(p, best), o),
-        "momentum": llm_commands(P.momentum(p, best), o),
-        "learning_rate": llm_commands(lr_runs, o),
-        "schedules": llm_commands([r for g in P.schedules(p).values() for r in g], o),
-        "toy": toy_commands(p),
-        "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g], o),
-        "scale": llm_commands([r for g in P.scale(p, P.scale_lrs(p, out)).values() for r in g], o)
-        if p.scale else [],
-    }
+    cmds: dict[str, list[str]] = {}
+    if p.llm is not None:
+        best = P.best_sync(p, out)
+        grid = P.grid(p, out)
+        cmds.update({
+            "optimizers": llm_commands(grid + P.headline(p, out, best), o),
+            "mitigations": llm_commands(P.mitigations(p, best, out) + P.ef_lrs(p, best, out), o),
+            "momentum": llm_commands(P.momentum(p, best, out), o),
+            "learning_rate": llm_commands([r for r in grid if r.cell.optimizer in p.llm.lr_sweep], o),
+            "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g]
+                                      + [r for rec in P.overhead_plan(p, out, best).values() for r in rec["runs"]
+                                         if r.variant != P.MAIN], o),
+        })
+    if p.schedules is not None:
+        cmds["schedules"] = llm_commands([r for g in P.schedules(p).values() for r in g], o)
+    if p.toy is not None:
+        cmds["toy"] = toy_commands(p)
+    if p.scale is not None:
+        cmds["scale"] = llm_commands(P.axis(p, out)[0], o)
+    return cmds
 
 
 def parts_of(p: Preset) -> list:
-    """The report's parts for this preset: the six findings (momentum only with a momentum grid),
-    the ablations where the preset has any, the scale axis where it has one."""
+    """The report's parts for this preset: the six findings where it has their grids (momentum
+    only with a momentum grid), the ablations where it has any, the axes where it has them."""
     g = p.llm
-    out = [f for f in findings.FINDINGS if f is not findings.momentum or g.momenta]
-    if g.ablation_optimizers and (g.warmup_fractions or g.length_factors or g.dc_lambdas or g.dc_adaptive):
+    out = []
+    if g is not None:
+        out += [findings.optimizers, findings.mitigations] + ([findings.momentum] if g.momenta else [])
+        out.append(findings.learning_rate)
+    if p.schedules is not None:
+        out.append(findings.schedules)
+    if p.toy is not None:
+        out.append(findings.toy)
+    if g is not None and g.ablation_optimizers and (g.warmup_fractions or g.length_factors or g.dc_lambdas
+                                                      or g.dc_adaptive):
         out.append(protocol.ablations)
-    if p.scale:
+    if p.scale is not None:
         out.append(protocol.scale)
     return out
 
@@ -134,14 +157,61 @@ def build(p: Preset, out: Path, sessions: list[dict] | None = None) -> dict:
     cmds = commands(p, out)
     for key, part in parts.items():
         part["figure"] = figs.get(key)
-        part["commands"] = cmds[key]
+        part["commands"] = cmds.get(key, [])
     summary = [{"id": part["id"], "finding": part["title"], "paper": part["paper"], "measured": part["headline"],
-                "reproduced": part["reproduced"], "theory_agrees": part["theory_agrees"]} for part in parts.values()]
+                "reproduced": part["reproduced"], "reproduced_counts": part.get("reproduced_counts", ""),
+                "theory_agrees": part["theory_agrees"], "theory_counts": part.get("theory_counts", "")}
+               for part in parts.values()]
     theory = [{"id": part["id"], **n} for part in parts.values() for n in part.get("theory_numbers", [])]
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
             "summary": summary, "theory_column": theory, "parts": list(parts.values()), "sessions": sessions or [],
-            "session": (sessions or [{}])[-1]}
+            "session": (sessions or [{}])[-1], "runs_file": RUNS}
+
+
+# -- runs.jsonl -----------------------------------------------------------------------------------------
+
+
+def runs_jsonl(p: Preset, out: Path) -> list[dict]:
+    """One object per GPT run of the report (the plan's runs at its fixed point), enough to
+    recompute every number of the report without delaylab: what the run was (optimizer, mode,
+    correction, delay, lr, momentum, seed, the model preset and the report's, the run's variant
+    and label), its size (params, steps, tokens, tokens_per_param) and its result (final
+    ``val_loss``, None where it diverged, and ``val_curve``: [tokens, val_loss] at every validation).
+    Toy runs, which are not GPT runs, follow as ``{"kind": "toy", ...}`` with their rate points."""
+    from delaylab.llm.config import Config
+    from delaylab.llm.sweep import read_metrics
+    from delaylab.reproduce.runner import read_summary
+
+    lines = []
+    for r in P._unique(P.llm_runs(p, out)):
+        summary = read_summary(out, r)
+        cfg = r.cell.config(Config.from_dict(r.base))
+        curve = [[m["tokens"], m["val_loss"]] for m in read_metrics(Path(out) / r.folder)
+                 if m.get("val_loss") is not None]
+        params = summary.get("params")
+        tokens = summary.get("tokens") if summary.get("tokens") is not None else (curve[-1][0] if curve else None)
+        lines.append({
+            "kind": "gpt", "optimizer": r.cell.optimizer, "mode": r.label, "sweep_mode": r.cell.mode,
+            "correction": cfg.delay.correction, "delay": cfg.delay.delay, "lr": r.cell.lr,
+            "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": p.name,
+            "variant": r.variant, "folder": r.folder, "params": params, "steps": cfg.run.steps,
+            "batch_size": cfg.data.batch_size, "block_size": cfg.model.block_size,
+            "warmup": r.base.get("warmup"), "sync_start": r.base.get("sync_start", 0),
+            "sync_cooldown": r.base.get("sync_cooldown", 0), "dc_lambda": r.base.get("dc_lambda"),
+            "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
+            "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
+            "val_curve": curve})
+    if p.toy is not None:
+        for r in [r for g in P.toy(p).values() for r in g]:
+            res = read_summary(out, r)
+            if r.task == "rates":
+                lines.append({"kind": "toy", "task": "rates", "name": r.name, "folder": r.folder,
+                              "problem": res["problem"], "method": res["method"], "delay": res["delay"],
+                              "correction": res["correction"], "exponent": res["exponent"],
+                              "tolerance": res["tolerance"], "holds": res["holds"],
+                              "points": [{k: pt[k] for k in ("T", "measured", "bound", "ci")} for pt in res["points"]]})
+    return lines
 
 
 # -- Markdown -----------------------------------------------------------------------------------------
@@ -155,7 +225,8 @@ def _ms(s: dict | None, spec=".3f") -> str:
     """mean +- std (and how many runs diverged)."""
     if not s or s.get("mean") is None:
         return "diverged" if s and s.get("diverged") else "n/a"
-    text = f"{format(s['mean'], spec)} ± {format(s['std'], spec.lstrip('+'))}"
+    std = s.get("std")
+    text = format(s["mean"], spec) + ("" if std is None else f" ± {format(std, spec.lstrip('+'))}")
     return text + (f" ({s['diverged']} diverged)" if s.get("diverged") else "")
 
 
@@ -173,19 +244,43 @@ def _pred_text(pred: dict) -> str:
     return "none"
 
 
+def _cens(c) -> str:
+    """`` (censored low)`` for an optimum at its grid's edge."""
+    return f" (censored {c})" if c else ""
+
+
+def _power(pw: dict | None) -> str:
+    if not pw:
+        return ""
+    return f"{pw['seeds']} ({'resolved' if pw['resolved'] else 'unresolved at the cap'})"
+
+
+def _gap_ci(s: dict | None) -> str:
+    return f"{_ms(s, '+.3f')} {_ci(s)}".strip()
+
+
 def _part_table(part: dict) -> list[str]:
     key, rows = part["key"], part["rows"]
     if key == "optimizers":
-        lines = _table(["optimizer", "best sync lr", "sync val loss", "delayed", "gap", "gap 95% CI", "gap / sync",
-                        "iso-loss overhead", "tuned gap (delayed lr)", "theory", "paper gap"],
-                       [[r["optimizer"], f"{r['lr']:g}", _ms(r["sync"]), _ms(r["delayed"]), _ms(r["gap"], "+.3f"),
-                         _ci(r["gap"]), _n(r["relative_gap_pct"], "+.1f") + "%", fmt_overhead(r.get("overhead")),
-                         f"{_ms(r['tuned']['gap'], '+.3f')} ({_n(r['tuned']['lr'], 'g')})",
+        lines = _table(["optimizer", "lrs (grown)", "best sync lr", "seeds", "sync val loss", "delayed",
+                        "gap (95% t)", "gap / sync", "iso-loss overhead delayed / EF", "tuned gap (delayed lr)",
+                        "theory", "paper gap"],
+                       [[r["optimizer"], ", ".join(f"{x:g}" for x in r["lrs"]), f"{r['lr']:g}{_cens(r['censored'])}",
+                         _power(r.get("power")) or str(r["gap"]["n"]), _ms(r["sync"]), _ms(r["delayed"]),
+                         _gap_ci(r["gap"]), _n(r["relative_gap_pct"], "+.1f") + "%",
+                         " / ".join(_overhead(r["overhead"].get(m)) for m in ("delayed", "ef")) if r["overhead"]
+                         else "not measured",
+                         f"{_ms(r['tuned']['gap'], '+.3f')} ({_n(r['tuned']['lr'], 'g')}"
+                         f"{_cens(r['tuned']['censored'].get('delayed'))})",
                          _pred_text(r["prediction"]), _n(r["paper_gap"], "+.3f")] for r in rows])
-        lines += ["", "The gap at the three lrs around each optimizer's best sync lr, and the regime diagnostics "
-                      "at the best (mean over seeds: the largest train-loss spike after warmup, in nats, and the "
-                      "update at which the loss leaves its end-of-warmup level by 0.1 nats):", ""]
-        lines += _table(["optimizer", "gap at lr (95% CI)", "spike sync / delayed", "plateau exit sync / delayed"],
+        lines += ["", "Iso-loss overhead: tokens the delayed (EF) run needs to reach its seed's sync run's final "
+                      "val loss, over sync's tokens, mean over seeds with its t interval; a seed whose run misses "
+                      "it is rerun 1.5x, 2x and 4x as long (schedule stretched) and the first that reaches it "
+                      "counts; 'not reached at 4x' prints no number.",
+                  "", "The gap at the three lrs around each optimizer's best sync lr (base seeds), and the regime "
+                      "diagnostics at the best (mean over seeds: the largest train-loss spike after warmup, in "
+                      "nats, and the update at which the loss leaves its end-of-warmup level by 0.1 nats):", ""]
+        lines += _table(["optimizer", "gap at lr (95% t)", "spike sync / delayed", "plateau exit sync / delayed"],
                         [[r["optimizer"], "; ".join(f"{x['lr']:g}: {_n(x['gap']['mean'], '+.3f')} {_ci(x['gap'])}"
                                                     for x in r["neighbourhood"]),
                           " / ".join(_n(r["diagnostics"].get(m, {}).get("spike"), ".2f") for m in ("sync", "delayed")),
@@ -197,49 +292,47 @@ def _part_table(part: dict) -> list[str]:
         head = ["optimizer", "gap (no fix)"] + [f"{m}: gap / recovered" for m in mits]
         body = []
         for r in rows:
-            cells = [r["optimizer"], _ms(r["gap"], "+.3f") + ("" if r["resolved"] else " (n.s.)")]
-            for m in mits:  # a share of a gap that is not resolved would be a share of noise
-                rec = r[f"{m}_recovered"]
-                cells.append(f"{_ms(r[f'{m}_gap'], '+.3f')} / " + (
-                    f"{_n(rec['ratio_of_means'], '.0f')}% {_ci(rec, '.0f')}" if r["resolved"] else "n.s."))
+            cells = [r["optimizer"], _gap_ci(r["gap"]) + ("" if r["resolved"] else " (n.s.)")]
+            for m in mits:
+                cells.append(f"{_ms(r[f'{m}_gap'], '+.3f')} / {_rec(r[f'{m}_recovered'])}")
             body.append(cells)
         lines = _table(head, body)
-        lines += ["", "Recovered: 100 (mean delayed - mean fixed) / (mean delayed - mean sync) over the seeds, with a "
-                      "bootstrap 95% interval (whole seeds resampled); n.s. where the gap itself is not resolved."]
+        lines += ["", "Recovered: 100 (mean delayed - mean fixed) / (mean delayed - mean sync) over the seeds all "
+                      "three have, with Fieller's 95% set for the ratio of the paired gaps (unbounded, or a union of "
+                      "two half-lines, where the gap itself is not resolved from 0)."]
         if part.get("ef_by_lr"):
             lines += ["", "EF at the three lrs around the best sync lr:", ""]
             lines += _table(["optimizer", "lr", "gap", "EF gap", "EF recovers"],
                             [[r["optimizer"], f"{r['lr']:g}", _ms(r["gap"], "+.3f"), _ms(r["ef_gap"], "+.3f"),
-                              f"{_n(r['recovered']['ratio_of_means'], '.0f')}% {_ci(r['recovered'], '.0f')}"
-                              + (" (unstable)" if r["recovered"]["unstable"] else "")] for r in part["ef_by_lr"]])
+                              _rec(r["recovered"])] for r in part["ef_by_lr"]])
         if part.get("ef_tuned"):
-            lines += ["", "Each mode at its own best lr (sync over the lr grid, delayed over the grid, EF over its "
-                          "three lrs):", ""]
+            lines += ["", "Each mode at its own best lr (sync and delayed over their grown grids, EF over its own):", ""]
             lines += _table(["optimizer", "sync lr", "delayed lr / gap", "EF lr / gap", "EF recovers"],
-                            [[r["optimizer"], f"{r['sync_lr']:g}", f"{r['delayed_lr']:g} / {_ms(r['delayed_gap'], '+.3f')}",
-                              f"{r['ef_lr']:g} / {_ms(r['ef_gap'], '+.3f')}", _rec({"ratio_of_means": r["recovered"],
-                                                                                  "ci_boot": r["ci_boot"],
-                                                                                  "unstable": r["unstable"]})]
+                            [[r["optimizer"], f"{r['sync_lr']:g}{_cens(r['censored']['sync'])}",
+                              f"{r['delayed_lr']:g}{_cens(r['censored']['delayed'])} / {_ms(r['delayed_gap'], '+.3f')}",
+                              f"{r['ef_lr']:g}{_cens(r['censored']['ef'])} / {_ms(r['ef_gap'], '+.3f')}",
+                              _rec({"ratio_of_means": r["recovered"], "ci": r["ci"], "set": r["set"]})]
                              for r in part["ef_tuned"]])
         return lines
     if key == "momentum":
         return [f"Protocol: {part['protocol']}.", ""] + _table(
-            ["optimizer", "momentum", "gap at lr fixed", "best sync lr", "sync", "delayed", "gap (sync-tuned)",
-             "tuned gap (delayed lr)", "theory"],
-            [[r["optimizer"], f"{r['momentum']:g}", f"{_ms(r['fixed_gap'], '+.3f')} ({r['fixed_lr']:g})",
-              f"{r['lr']:g}" + (" (edge)" if r["sync_lr_at_edge"] else ""), _ms(r["sync"]), _ms(r["delayed"]),
-              _ms(r["gap"], "+.3f"), f"{_ms(r['tuned']['gap'], '+.3f')} ({_n(r['tuned']['lr'], 'g')})",
-              _pred_text(r["prediction"])] for r in rows])
+            ["optimizer", "momentum", "lrs (grown)", "gap at lr fixed", "best sync lr", "sync", "delayed",
+             "gap (sync-tuned)", "tuned gap (delayed lr)", "theory"],
+            [[r["optimizer"], f"{r['momentum']:g}", ", ".join(f"{x:g}" for x in r["lrs"]),
+              f"{_ms(r['fixed_gap'], '+.3f')} ({r['fixed_lr']:g})",
+              f"{r['lr']:g}{_cens(r['censored'].get('sync'))}", _ms(r["sync"]), _ms(r["delayed"]),
+              _gap_ci(r["gap"]), f"{_ms(r['tuned']['gap'], '+.3f')} ({_n(r['tuned']['lr'], 'g')}"
+              f"{_cens(r['censored'].get('delayed'))})", _pred_text(r["prediction"])] for r in rows])
     if key == "learning_rate":
         return _table(["optimizer", "peak lr", "sync", "delayed", "gap"],
-                      [[r["optimizer"], f"{r['lr']:g}", _ms(r["sync"]), _ms(r["delayed"]), _ms(r["gap"], "+.3f")]
+                      [[r["optimizer"], f"{r['lr']:g}", _ms(r["sync"]), _ms(r["delayed"]), _gap_ci(r["gap"])]
                        for r in rows])
     if key == "schedules":
         return _table(["optimizer", "schedule", "stage delays", "mean tau", "val loss", "gap to sync", "vs 2BW",
-                       "gap / 2BW gap (95% CI)"],
+                       "gap / 2BW gap (95% Fieller)"],
                       [[r["optimizer"], r["schedule"], str(r["delays"]), f"{r['mean_delay']:.2f}", _ms(r["loss"]),
-                        _ms(r.get("gap"), "+.3f") if "gap" in r else "-",
-                        _ms(r.get("vs_2bw"), "+.3f") if "vs_2bw" in r else "-",
+                        _gap_ci(r.get("gap")) if "gap" in r else "-",
+                        _gap_ci(r.get("vs_2bw")) if "vs_2bw" in r else "-",
                         _ratio_text(r.get("gap_ratio"))] for r in rows])
     if key == "ablations":
         return _ablation_tables(rows)
@@ -269,15 +362,25 @@ def _part_table(part: dict) -> list[str]:
     return []
 
 
+def _overhead(o: dict | None) -> str:
+    if not o:
+        return "n/a"
+    text = fmt_overhead(o)
+    lengths = sorted({x for x in o.get("lengths", []) if x is not None})
+    if o.get("mean") is not None and lengths and lengths != [1]:
+        text += " (runs " + ", ".join(f"{x:g}x" for x in lengths) + ")"
+    return text
+
+
 def _ratio_text(r: dict | None) -> str:
     if not r or r.get("ratio") is None:
         return "-"
-    return f"{r['ratio']:.2f} {_ci(r, '.2f')}" + (" (unstable: the denominator is not resolved from 0)" if r.get("unstable") else "")
+    return f"{r['ratio']:.2f} {_ci(r, '.2f')}"
 
 
 def _rec(rec: dict | None) -> str:
-    """A recovered share in a table cell: the verdicts' text with the short unstable mark."""
-    return recovery_text(rec, unstable=" (unstable)")
+    """A recovered share in a table cell."""
+    return recovery_text(rec, unstable="")
 
 
 def _ablation_tables(rows: dict) -> list[str]:
@@ -286,7 +389,7 @@ def _ablation_tables(rows: dict) -> list[str]:
         if not rows[key]:
             continue
         lines += [f"{title} (at the best sync lr; overhead: tokens to reach the same-length sync run's final loss, "
-                  "'>' a lower bound where never reached):", ""]
+                  "a number only where every seed reaches it):", ""]
         body = []
         for r in rows[key]:
             for name, st in r["settings"].items():
@@ -296,11 +399,11 @@ def _ablation_tables(rows: dict) -> list[str]:
                              _n(d.get("spike"), ".2f"), _n(d.get("plateau_exit"), ".0f")])
             extra = ""
             if key == "length":
-                extra = "; longer delayed run vs the 1x sync run: " + fmt_overhead(
+                extra = "longer delayed run vs the 1x sync run: " + fmt_overhead(
                     r["overhead_vs_1x_sync"].get("delayed")) + ", EF: " + fmt_overhead(
                     r["overhead_vs_1x_sync"].get("ef"))
             body.append([r["optimizer"], "change", _ms(r["gap_change"], "+.3f") + f" {_ci(r['gap_change'])}", "",
-                         "", extra.lstrip("; "), "", ""])
+                         "", extra, "", ""])
         lines += _table(["optimizer", "setting", "gap", "EF gap", "EF recovers", "overhead (delayed)",
                          "delayed spike", "delayed plateau exit"], body) + [""]
     if rows["dc"]:
@@ -316,18 +419,23 @@ def _scale_tables(part: dict) -> list[str]:
     body = []
     for e in part["rows"]:
         for opt, st in e["optimizers"].items():
-            body.append([e["size"], f"{e['params'] / 1e6:.2f}M", str(e["steps"]), opt, f"{st['lr']:g}",
-                         _ms(st["gap"], "+.3f"), _ms(st.get("fix_gap"), "+.3f"), _rec(st.get("recovered")),
-                         fmt_overhead(st["overhead"].get("delayed"))])
-    lines += _table(["size", "params", "updates", "optimizer", "lr", "gap", "EF gap", "EF recovers",
-                     "iso-loss overhead"], body)
-    lines += ["", "Trends against log10(parameters), bootstrap 95% interval (seeds resampled within each size):", ""]
-    lines += _table(["quantity", "per size", "slope per decade", "direction", "paper (135M-360M)"],
-                    [[k, ", ".join(_n(v, ".3g") for v in t["values"]), f"{_n(t['slope'], '+.3g')} {_ci(t, '+.3g')}",
-                      t["direction"], _paper(t["paper"])] for k, t in part["trends"].items()])
-    ratios = [f"{e['size']} {_ratio_text(e.get('gap_ratio'))}" for e in part["rows"] if e.get("gap_ratio")]
+            scan = st["lr_scan"]
+            body.append([e["size"], f"{e['params'] / 1e6:.2f}M", f"{e['tokens_per_param']:g}", str(e["steps"]), opt,
+                         f"{st['lr']:g}{_cens(scan['censored'])}", ", ".join(f"{x:g}" for x in scan["lrs"]),
+                         _power(st["power"]), _gap_ci(st["gap"]), _ms(st.get("fix_gap"), "+.3f"),
+                         _rec(st.get("recovered"))])
+    lines += _table(["size", "params", "tokens/param", "updates", "optimizer", "lr (scan best)", "lrs scanned",
+                     "seeds", "gap (95% t)", "EF gap", "EF recovers (95% Fieller)"], body)
+    ratios = [f"{e['size']} {e['tokens_per_param']:g}: {_ratio_text(e.get('gap_ratio'))}" for e in part["rows"]
+              if e.get("gap_ratio")]
     if ratios:
-        lines += ["", "AdamW gap / Muon gap per size (ratio of means, paired by seed): " + "; ".join(ratios) + "."]
+        lines += ["", "AdamW gap / Muon gap (ratio of means paired by seed, 95% Fieller): " + "; ".join(ratios) + "."]
+    lines += ["", "Each quantity from the fewest to the most tokens per parameter (a gap's change: Welch's 95% "
+                  "interval; a ratio's: resolved only where the two intervals are disjoint):", ""]
+    lines += _table(["size", "quantity", "per tokens/param", "change", "direction", "paper (20 tokens/param)"],
+                    [[t["size"], t["quantity"], ", ".join(f"{r:g}: {_n(v, '.3g')}" for r, v in zip(t["ratios"], t["values"])),
+                      (f"{_n(t['change']['delta'], '+.3g')} {_ci(t['change'], '+.3g')}").strip(), t["direction"],
+                      _paper(t["paper"])] for t in part["trends"].values()])
     return lines
 
 
@@ -338,13 +446,23 @@ def _paper(x) -> str:
 def theory_table(report: dict) -> list[str]:
     """The theory column: each number the theory gives against the measured one."""
     rows = report.get("theory_column") or []
-    return _table(["#", "quantity", "theory", "measured (95% CI)", "agrees", "from"],
+
+    def measured(n):
+        if n["measured"] is None:
+            return "-"
+        ci = f" [{n['ci'][0]:.3g}, {n['ci'][1]:.3g}]" if n.get("ci") else (
+            f" {fmt_set(n['set'])}" if n.get("set") else "")
+        return _n(n["measured"], ".3g") + _unit(n) + ci
+
+    def state(n):
+        if n["note"] in ("qualitative", "sketch"):
+            return f"{n['note']} (not scored)"
+        return n["state"] or "-"
+
+    return _table(["#", "quantity", "theory", "measured (95% interval)", "verdict", "from"],
                   [[str(n["id"]), n["quantity"],
                     "qualitative" if n["note"] == "qualitative" else _n(n["predicted"], ".3g") + _unit(n),
-                    "-" if n["measured"] is None else _n(n["measured"], ".3g") + _unit(n) + (
-                        f" [{n['ci'][0]:.3g}, {n['ci'][1]:.3g}]" if n["ci"] else ""),
-                    "-" if n["note"] == "qualitative" else YES[n["agree"]] if n["agree"] is not None
-                    else "not resolved", n["source"]] for n in rows])
+                    measured(n), state(n), n["source"]] for n in rows])
 
 
 def _unit(n: dict) -> str:
@@ -355,33 +473,46 @@ def _signed_pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:+.2f}%"
 
 
-
-
 def summary_table(report: dict) -> list[str]:
+    def with_counts(state, counts):
+        return state if not counts or counts == "nothing scored" else f"{state} ({counts})"
+
     return _table(["#", "finding", "paper", "measured here", "reproduced", "theory agrees"],
-                  [[str(s["id"]), s["finding"], s["paper"], s["measured"], s["reproduced"], s["theory_agrees"]]
-                   for s in report["summary"]])
+                  [[str(s["id"]), s["finding"], s["paper"], s["measured"],
+                    with_counts(s["reproduced"], s.get("reproduced_counts")),
+                    with_counts(s["theory_agrees"], s.get("theory_counts"))] for s in report["summary"]])
 
 
 def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
-             f"{report['preset_summary']}.", "", f"Made by `{report['command']}`.", ""]
+             f"{report['preset_summary']}.", "", f"Made by `{report['command']}`. Every GPT run is a line of "
+             f"`{report.get('runs_file', RUNS)}` beside this report.", ""]
     sessions = report.get("sessions") or []
     rereads = [s for s in sessions if not s["computed"] and s.get("status", "finished") == "finished"]
     for s in sessions:
         if s in rereads and s is not sessions[-1]:
             continue  # a rerun that only read finished runs adds no time worth listing
+        load = f"load average at start {s['load_start']}" + (
+            f", at the end {s['load_end']}" if s.get("load_end") is not None else "")
         lines += [f"Session {s['date']} ({s.get('status', 'finished')}): {s['computed']} runs computed and "
                   f"{s['read']} read from the folder in {s['seconds'] / 60:.1f} min wall time, {s['jobs']} runs at a "
-                  f"time on {s['cpus']} CPUs (load average at start {s['load_start']}).", ""]
+                  f"time on {s['cpus']} CPUs ({load}).", ""]
     lines += ["All GPT numbers are final validation losses (mean ± std over seeds; a gap is delayed - sync "
-              "computed per seed, since the two runs of a seed share init and batches). A gap is resolved "
-              "when its 95% t-interval over seeds excludes 0.", "", "## Summary", ""]
+              "computed per seed, since the two runs of a seed share init and batches). Intervals are 95%: "
+              "Student-t for means and paired differences, Fieller's for ratios (a recovered share, a gap "
+              "ratio, an lr optimum's shift; Fieller's set is unbounded where the denominator is not resolved "
+              "from 0). Every lr grid grows by x2 or /2 while its best point is at an edge (at most two steps "
+              "per side); an optimum still at an edge is marked censored.", "",
+              "Verdicts, one rule for every claim: **agrees** where the 95% interval meets the prediction and "
+              "excludes the null, **disagrees** where it misses the prediction, **undetermined** where it contains "
+              "both, is unbounded, rests on a censored optimum or on a run that broke the protocol. A part's "
+              "summary: yes (all agree), no (none agrees, some disagree), undetermined (all are), partly (the "
+              "rest); the counts follow.", "", "## Summary", ""]
     lines += summary_table(report)
     lines += ["", "## Theory column", "",
-              "Each number the theory gives, against the measured one; 'agrees' means the theory's number lies in "
-              "the measured 95% interval (toy rates: measured <= bound). Where the theory gives a direction but no "
-              "number, the row says qualitative and no verdict is drawn from a sign.", ""]
+              "Each number the theory gives, against the measured one under the rule above (toy rates: measured <= "
+              "bound). Where the theory gives only a direction the row says qualitative; a number derived beside "
+              "the theory, not from an encoded bound, says sketch; neither is scored.", ""]
     lines += theory_table(report)
     for note in report.get("notes", []):
         lines += ["", f"Note: {note}."]

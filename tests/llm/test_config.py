@@ -25,7 +25,9 @@ SAMPLES = {
     "sync_start": ("2", 2), "sync_cooldown": ("1", 1),
     "schedule": ("pipedream", "pipedream"), "stages": ("3", 3), "timeout": ("9", 9.0), "steps": ("50", 50),
     "seed": ("7", 7), "eval_every": ("5", 5), "eval_batches": ("2", 2), "log_every": ("3", 3),
-    "ckpt_every": ("0", 0), "device": ("cpu", "cpu"), "threads": ("2", 2), "progress": ("false", False),
+    "ckpt_every": ("0", 0), "ckpt_final": ("true", True), "compile": ("true", True),
+    "deterministic": ("true", True), "peak_tflops": ("989.5", 989.5), "device": ("cpu", "cpu"),
+    "threads": ("2", 2), "progress": ("false", False),
     "log": ("tensorboard", "tensorboard"), "dp": ("2", 2), "dp_shard": ("true", True),
 }
 

@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 
 from delaylab.errors import ConfigError
@@ -35,14 +34,11 @@ def test_overhead_interpolates_linearly_between_validation_points():
     assert M.iso_loss_overhead(SYNC, SYNC)["overhead"] == pytest.approx(1.0)
 
 
-def test_overhead_of_a_run_that_never_gets_there_is_a_lower_bound():
+def test_overhead_of_a_run_that_never_gets_there_is_no_number():
     o = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.3]))
-    # last interval falls 0.2 per 100 tokens: 0.1 more needs >= 50 tokens: (400 + 50) / 400
-    assert not o["reached"] and o["overhead"] is None and o["extrapolated"]
-    assert o["lower_bound"] == pytest.approx(1.125)
-    assert M.fmt_overhead(o) == "> 1.12"
-    flat = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.3, 2.3]))
-    assert flat["lower_bound"] == pytest.approx(1.0) and not flat["extrapolated"]
+    # no extrapolation of the last slope: at the end of a cosine schedule it is flat, not a bound
+    assert not o["reached"] and o["overhead"] is None and "lower_bound" not in o
+    assert o["tokens"] == pytest.approx(1.0) and M.fmt_overhead(o) == "not reached"
     first = M.iso_loss_overhead(SYNC, curve([2.0, 1.9]))
     assert first["upper_bound"] and first["overhead"] == pytest.approx(0.25) and M.fmt_overhead(first) == "<= 0.25"
 
@@ -52,15 +48,19 @@ def test_overhead_rejects_runs_without_validation():
         M.iso_loss_overhead(SYNC, [{"step": 1, "tokens": 10, "train_loss": 3.0}])
 
 
-def test_overhead_over_seeds_is_a_lower_bound_when_a_seed_never_reaches():
+def test_overhead_over_seeds_has_no_mean_unless_every_seed_reaches():
     a = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.3, 2.1]))  # 1.125
-    b = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.3]))  # > 1.125
-    c = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.25, 2.15]))  # 400 + 0.05/0.1*100 = 450 -> 1.125
-    s = M.overhead_over_seeds([a, c])
-    assert s["mean"] == pytest.approx(1.125) and not s["is_lower_bound"] and M.fmt_overhead(s) == "1.12"
-    s = M.overhead_over_seeds([a, b, None])
-    assert s["values"][2] is None and s["reached"] == [True, False, None]
-    assert s["is_lower_bound"] and s["median"] == pytest.approx(1.125) and M.fmt_overhead(s) == "> 1.12"
+    b = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.3]))  # never
+    c = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.25, 2.15, 2.1]))  # 400 + 0.05/0.1*100 = 450 -> 1.125
+    d = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.3, 2.2, 2.1]))  # at 500 exactly: 1.25
+    s = M.overhead_over_seeds([a, c, d])
+    assert s["mean"] == pytest.approx((1.125 + 1.125 + 1.25) / 3) and s["n_reached"] == 3
+    assert s["ci"] == pytest.approx(M.t_interval([1.125, 1.125, 1.25]))
+    assert M.fmt_overhead(s) == f"{(1.125 * 2 + 1.25) / 3:.2f} [{s['ci'][0]:.2f}, {s['ci'][1]:.2f}]"
+    s = M.overhead_over_seeds([a, b, None], max_length=4)
+    assert s["values"] == [pytest.approx(1.125), None, None] and s["reached"] == [True, False, None]
+    assert s["mean"] is None and s["median"] is None and s["ci"] is None and s["n_reached"] == 1
+    assert M.fmt_overhead(s) == "not reached at 4x (1/3 seeds)"
 
 
 def train_curve(losses, warmup_lines=2, every=10):
@@ -111,38 +111,76 @@ def test_t_interval_and_describe():
     assert d["n"] == 3 and d["mean"] == 2.0 and d["median"] == 2.0 and d["std"] == pytest.approx(1.0)
     assert d["ci_t"] == pytest.approx([2 - half, 2 + half]) and d["values"][1] is None
     one = M.describe([2.5])
-    assert one["std"] is None and one["ci_t"] is None and one["ci_boot"] is None and one["median"] == 2.5
+    assert one["std"] is None and one["ci_t"] is None and one["median"] == 2.5
+    assert not hasattr(M, "bootstrap")  # no percentile bootstrap anywhere (it under-covers below n = 10)
 
 
-def test_bootstrap_equals_a_hand_resample_and_covers_a_known_mean():
-    x = [1.0, 2.0, 4.0]
-    # the documented draw, recomputed by a plain loop: 5 resamples of 3 seeds from PCG64(7)
-    idx = np.random.Generator(np.random.PCG64(7)).integers(0, 3, (5, 3))
-    means = sorted(sum(x[j] for j in row) / 3 for row in idx)
-    lo, hi = M.bootstrap(x, resamples=5, seed=7, confidence=0.5)
-    # numpy's linear quantile at 0.25 and 0.75 of 5 sorted values: the 2nd and 4th
-    assert (lo, hi) == pytest.approx((means[1], means[3]))
-    assert M.bootstrap([1.0]) is None
-    # coverage: 95% intervals of N(0, 1) samples of 30 contain 0 in about 95% of 300 trials
-    rng = np.random.default_rng(123)
-    hits = sum(lo <= 0 <= hi for lo, hi in (M.bootstrap(rng.normal(size=30), seed=k) for k in range(300)))
-    assert 0.89 <= hits / 300 <= 0.98  # percentile bootstrap under-covers slightly at n = 30
+def test_welch_interval_by_hand():
+    a, b = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0]
+    va, vb = 1.0 / 3, (20 / 3) / 4  # sample variances 1 and 6.667, over n
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    from scipy.stats import t
+
+    half = t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert M.welch_interval(a, b) == pytest.approx([5 - 2 - half, 5 - 2 + half])
+    assert M.welch_interval([1.0], b) is None
 
 
-def test_recovery_ratio_of_means_with_a_paired_bootstrap():
+def _fieller_by_hand(x, y, tq):
+    """Solve (mx - r my)^2 = tq^2 var(x - r y) / n for r with the quadratic formula, written out."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x) / (n - 1)
+    syy = sum((b - my) ** 2 for b in y) / (n - 1)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y)) / (n - 1)
+    q = tq ** 2 / n
+    A, B, C = my ** 2 - q * syy, -2 * (mx * my - q * sxy), mx ** 2 - q * sxx
+    r = sorted(((-B - math.sqrt(B * B - 4 * A * C)) / (2 * A), (-B + math.sqrt(B * B - 4 * A * C)) / (2 * A)))
+    return A, r
+
+
+def test_fieller_interval_by_hand_bounded_and_unbounded():
+    x, y = [1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.3]
+    tq = 3.182446305284263  # t_{0.975, 3}
+    A, r = _fieller_by_hand(x, y, tq)
+    got = M.fieller(x, y)
+    assert A > 0 and got["bounded"] and got["ci"] == pytest.approx(r, rel=1e-10)
+    assert got["ratio"] == pytest.approx(sum(x) / sum(y))
+    # each end is where the t statistic of x - r y equals the quantile
+    for end in r:
+        z = [a - end * b for a, b in zip(x, y)]
+        m, sd = sum(z) / 4, math.sqrt(sum((v - sum(z) / 4) ** 2 for v in z) / 3)
+        assert abs(m) / (sd / 2) == pytest.approx(tq, rel=1e-9)
+    # a denominator whose t interval contains 0: the set is two half-lines (real roots) or everything
+    x, y = [1.0, 1.2, 0.9], [0.5, -0.3, 0.2]
+    A, r = _fieller_by_hand(x, y, 4.302652729911275)
+    got = M.fieller(x, y)
+    assert A < 0 and not got["bounded"] and got["ci"] is None
+    assert got["set"] == [[None, pytest.approx(r[0])], [pytest.approx(r[1]), None]]
+    assert M.fieller([1.0, -1.0, 0.1], [0.1, -0.1, 0.05])["set"] == [[None, None]]
+    assert M.fmt_set([[None, 1.0], [2.0, None]], ".1f") == "(-inf, 1.0] U [2.0, +inf)"
+    assert M.fmt_set([[None, None]]) == "unbounded" and M.fmt_set(None) == "n/a"
+    assert M.map_set([[None, 0.2], [0.5, None]], -100, 100) == [[None, 50.0], [80.0, None]]
+
+
+def test_recovery_ratio_of_means_with_fiellers_set():
     sync, delayed = {0: 2.0, 1: 2.2, 2: 2.1}, {0: 2.5, 1: 2.6, 2: 2.55}
     fix = {s: sync[s] + 0.2 * (delayed[s] - sync[s]) for s in sync}  # recovers 80% on every seed
     r = M.recovery(sync, delayed, fix)
     assert r["ratio_of_means"] == pytest.approx(80) and r["of_mean_gap"] == pytest.approx(80)
-    assert r["ci_boot"] == pytest.approx([80, 80]) and r["values"] == pytest.approx([80] * 3)
+    assert r["ci"] == pytest.approx([80, 80]) and r["values"] == pytest.approx([80] * 3)
     # gaps 0.5, 0.4, 0.45: t interval 0.45 +- 4.303 * 0.05 / sqrt(3) excludes 0
     assert not r["unstable"]
-    # two seeds, gaps 0.5 and 0.3 (sweep's test): mean 0.4 +- 12.71 * 0.1414 / sqrt(2) contains 0
+    # EF gaps 0.05, 0.12, 0.10 against gaps 0.5, 0.4, 0.45: Fieller on (EF gap, gap), mapped to 100 (1 - r)
+    fix = {0: 2.05, 1: 2.32, 2: 2.2}
+    r = M.recovery(sync, delayed, fix)
+    _, (lo, hi) = _fieller_by_hand([0.05, 0.12, 0.10], [0.5, 0.4, 0.45], 4.302652729911275)
+    assert r["ci"] == pytest.approx([100 * (1 - hi), 100 * (1 - lo)], rel=1e-9)
+    assert r["ratio_of_means"] == pytest.approx(100 * (1 - 0.27 / 1.35))
+    # two seeds, gaps 0.5 and 0.3: mean 0.4 +- 12.71 * 0.1414 / sqrt(2) contains 0: unbounded
     r = M.recovery({0: 2.0, 1: 2.2}, {0: 2.5, 1: 2.5}, {0: 2.1, 1: 2.4})
-    assert r["unstable"] and r["values"] == pytest.approx([80, 100 / 3]) and r["median"] == pytest.approx(170 / 3)
-    # ratio of means: (2.5 - 2.25) / (2.5 - 2.1) = 62.5%; bootstrap draws each seed pair or a mix
-    assert r["ratio_of_means"] == pytest.approx(62.5)
-    lo, hi = r["ci_boot"]
-    assert 100 / 3 - 1e-9 <= lo <= 62.5 <= hi <= 80 + 1e-9
+    assert r["unstable"] and r["ci"] is None and r["set"][0][0] is None
+    assert r["values"] == pytest.approx([80, 100 / 3]) and r["median"] == pytest.approx(170 / 3)
+    assert r["ratio_of_means"] == pytest.approx(62.5)  # (2.5 - 2.25) / (2.5 - 2.1)
     r = M.recovery({0: 2.0, 1: None}, {0: 2.5, 1: 2.5}, {0: 2.1, 1: 2.4})  # a diverged sync run
-    assert r["values"] == [pytest.approx(80), None] and r["unstable"] and r["ci_boot"] is None
+    assert r["values"] == [pytest.approx(80), None] and r["unstable"] and r["ci"] is None and r["set"] is None

@@ -125,10 +125,10 @@ def test_a_signal_stops_the_simulator_after_the_update_in_flight_and_the_resume_
     call = random.Random(sig).randrange(1, 25)  # the call during which the signal arrives
     step = Trainer.step
 
-    def step_with_signal(self):
+    def step_with_signal(self, *args, **kw):
         if self.calls == call:
             os.kill(os.getpid(), sig)  # the handler notes it; the update in flight goes on
-        return step(self)
+        return step(self, *args, **kw)
 
     monkeypatch.setattr(Trainer, "step", step_with_signal)
     out = tmp_path / "run"

@@ -24,19 +24,20 @@ import torch.distributed as dist
 
 from delaylab._io import save_torch, write_json
 from delaylab.errors import ConfigError, Preempted
-from delaylab.llm import checkpoint
+from delaylab.llm import checkpoint, mfu
 from delaylab.llm.checkpoint import rng_state, set_rng_state
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
 from delaylab.llm.distributed.preempt import StopGate, preemptible
 from delaylab.llm.run.folder import TrainFolder, summary_base
-from delaylab.llm.model import autocast
+from delaylab.llm.model import autocast, compile_blocks
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
 from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
-from delaylab.llm.run.setup import Setup, check_folder, load_data, logs_at, open_run, optimizer_factory
+from delaylab.llm.run.setup import (Setup, check_folder, checkpoint_at, load_data, logs_at, open_run,
+                                    optimizer_factory)
 
 
 @preemptible
@@ -62,6 +63,9 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
     after = _AfterUpdate(setup, run, ckpts, end, gate)
     ex = _executor(setup, stage, Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start), after,
                    gate)
+    if cfg.run.compile:
+        for slot in ex.slots:  # each weight version's copy of the stage (copies made before compiling)
+            compile_blocks(slot)
     if part is not None:
         ex.load_state_dict(part["executor"])
         set_rng_state(part["rng"], device)
@@ -116,7 +120,7 @@ class _AfterUpdate:
             if logs_at(step, cfg):
                 run.record(step, tokens=self.setup.tokens(step), lr=ex.opt.param_groups[0]["lr"],
                            time=run.state["train_time"] + time.perf_counter() - self.t0)
-        if step in (self.end, self.gate.stop) or (cfg.run.ckpt_every and step % cfg.run.ckpt_every == 0):
+        if checkpoint_at(step, min(self.end, self.gate.stop or self.end), cfg):  # a stop at K: its step too
             self.checkpoint(ex, step)
 
     def checkpoint(self, ex: StageExecutor, step: int) -> None:
@@ -156,11 +160,11 @@ class _Usage:
     """CPU seconds of this rank and of the whole machine since the loop started."""
 
     def __init__(self):
-        self.cpu0, self.busy0 = time.process_time(), _machine_busy_seconds()
+        self.cpu0, self.busy0 = time.process_time(), machine_busy_seconds()
 
     def info(self, setup: Setup, ex: StageExecutor, stage: Stage, wall: float) -> dict:
         """What the writer gathers from every rank for the summary."""
-        busy, device, mesh = _machine_busy_seconds(), setup.device, setup.mesh
+        busy, device, mesh = machine_busy_seconds(), setup.device, setup.mesh
         return {
             "rank": mesh.rank, "stage": mesh.s, "replica": mesh.d, "digest": state_digest(ex.state_dict()),
             "events": [e.__dict__ for e in ex.events], "memory": ex.memory(),
@@ -223,7 +227,7 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     return _launch([(cfg, out, resume, stop_at)])[0]
 
 
-def _machine_busy_seconds() -> float | None:
+def machine_busy_seconds() -> float | None:
     """CPU seconds all processes on this machine have used (Linux ``/proc/stat``), else ``None``."""
     try:
         with open("/proc/stat") as f:
@@ -276,12 +280,16 @@ def _finish(setup: Setup, run: TrainFolder, gathered, start, end, train_time, va
     if coarse:
         steady["idle_fraction"] = steady["bubble"] = None
     tokens = setup.tokens(end)
+    # MFU from the steady state's time per batch (fenced on CUDA: the executor synchronizes its timings)
+    flops, peak = mfu.flops_per_token(setup.model_cfg), mfu.peak_tflops(setup.device, cfg.run.peak_tflops)
+    steady_rate = setup.tokens(1) / steady["seconds_per_batch"] if steady["seconds_per_batch"] else None
     return run.finish({
         "status": "finished" if end == cfg.run.steps else "stopped",
         "val_loss": val_loss, "train_loss": run.state["train_loss"], "steps": end,
         "tokens": tokens, "tokens_per_s": setup.tokens(steps_run) / max(train_time, 1e-9),
         "train_time_s": train_time, **summary_base(cfg), "engine": "pipeline",
         "seconds_per_batch": steady["seconds_per_batch"], "bubble": steady["bubble"],
+        "flops_per_token": flops, "peak_tflops": peak, "mfu": mfu.mfu(steady_rate, flops, P * D, peak),
         "idle_fraction": steady["idle_fraction"], "params": sum(g["params"] for g in ranks), "device": device,
         "backend": dist.get_backend(), "resumed_from": start or None,
         "memory_bytes": [g["memory"] for g in ranks],

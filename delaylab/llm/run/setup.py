@@ -57,6 +57,8 @@ class Setup:
         if threads:
             torch.set_num_threads(threads)
         self.device = cfg.torch_device(local_rank() if distributed else None)
+        if cfg.run.deterministic:
+            use_deterministic_algorithms()
         self.mesh = None
         if distributed:
             check_world(self.stages, D)
@@ -84,6 +86,8 @@ class Setup:
         D = self.cfg.parallel.dp
         if D > 1:
             x, y = replica_rows(x, self.replica, D), replica_rows(y, self.replica, D)
+        if self.device.type == "cuda":  # from pinned memory the copy is asynchronous (pageable memory may wait)
+            x, y = x.pin_memory(), y.pin_memory()
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def tokens(self, steps: int) -> int:
@@ -92,10 +96,38 @@ class Setup:
         return steps * d.batch_size * d.grad_accum * self.model_cfg.block_size
 
 
+def use_deterministic_algorithms() -> None:
+    """``--deterministic``, for this process (before its first CUDA matrix product): torch's
+    deterministic algorithms (an error where an operation has none), cuBLAS's fixed workspace
+    (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which torch requires for deterministic cuBLAS on CUDA >=
+    10.2), and an attention backward that is deterministic: flash attention's, which torch runs
+    deterministically under this flag, or the math one; the cuDNN and memory-efficient kernels
+    are switched off. Slower (the deterministic flash backward, the smaller cuBLAS workspace), and
+    what makes a CUDA resume exact as a CPU one is."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+
+
 def logs_at(step: int, cfg: Config) -> bool:
     """Whether update ``step`` gets a metrics line (with the simulator's validation when it has one)."""
     r = cfg.run
     return step % r.log_every == 0 or step % r.eval_every == 0 or step == r.steps
+
+
+def checkpoint_at(step: int, end: int, cfg: Config) -> bool:
+    """Whether update ``step`` of a session that ends at update ``end`` writes a checkpoint: every
+    ``ckpt_every`` updates; at a stop before the last update (the run continues from there); and at
+    the last update with ``ckpt_final`` (by default when ``ckpt_every > 0``)."""
+    r = cfg.run
+    if r.ckpt_every and step % r.ckpt_every == 0:
+        return True
+    if step != end:
+        return False
+    if end < r.steps:
+        return True
+    return r.ckpt_final if r.ckpt_final is not None else r.ckpt_every > 0
 
 
 def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int) -> None:

@@ -1,0 +1,116 @@
+"""Recompute the report's headline numbers from ``runs.jsonl`` alone: plain Python, no delaylab.
+
+Each line of runs.jsonl is one GPT run (``kind: gpt``: optimizer, mode, lr, momentum, seed, variant,
+val_loss, val_curve, ...) or one toy rate check (``kind: toy``). The rules written out here are the
+report's, from its own text (docs/reproduction.md): the best lr of a grid is the lowest mean final
+val loss over the seeds every lr of the grid has; a gap is delayed - sync paired by seed; a mean's
+95% interval is Student's t; a ratio of paired means has Fieller's interval; EF's recovery is
+100 (1 - mean EF gap / mean delayed gap). The only import beyond the standard library is scipy's
+Student-t quantile.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from scipy.stats import t as _student
+
+
+def load(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def select(runs, **match) -> list[dict]:
+    return [r for r in runs if r.get("kind", "gpt") == "gpt" and all(r.get(k) == v for k, v in match.items())]
+
+
+def by_seed(runs, **match) -> dict[int, float | None]:
+    return {r["seed"]: r["val_loss"] for r in select(runs, **match)}
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def t_interval(xs):
+    n = len(xs)
+    m = mean(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = _student.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return m, [m - h, m + h]
+
+
+def fieller(num, den):
+    """mean(num) / mean(den) and Fieller's 95% interval (None where the set is unbounded)."""
+    n = len(num)
+    mx, my = mean(num), mean(den)
+    sxx = sum((x - mx) ** 2 for x in num) / (n - 1)
+    syy = sum((y - my) ** 2 for y in den) / (n - 1)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(num, den)) / (n - 1)
+    q = _student.ppf(0.975, n - 1) ** 2 / n
+    a, b, c = my * my - q * syy, mx * my - q * sxy, mx * mx - q * sxx
+    if a <= 0:
+        return mx / my, None
+    root = math.sqrt(max(b * b - a * c, 0.0))
+    return mx / my, [(b - root) / a, (b + root) / a]
+
+
+def best_lr(runs, optimizer, mode, momentum, variant="main"):
+    """The lr of least mean val loss over the seeds every lr of this grid has (the grid's base seeds)."""
+    grid: dict[float, dict[int, float]] = {}
+    for r in select(runs, optimizer=optimizer, mode=mode, momentum=momentum, variant=variant):
+        grid.setdefault(r["lr"], {})[r["seed"]] = math.inf if r["val_loss"] is None else r["val_loss"]
+    seeds = set.intersection(*(set(v) for v in grid.values()))
+    return min(grid, key=lambda lr: mean([grid[lr][s] for s in seeds]))
+
+
+def gaps(runs, optimizer, lr, momentum, mode="delayed", sync_lr=None, variant="main") -> dict[int, float]:
+    """Per seed: ``mode`` at ``lr`` minus sync at ``sync_lr`` (default the same lr)."""
+    sync = by_seed(runs, optimizer=optimizer, mode="sync", lr=sync_lr or lr, momentum=momentum, variant=variant)
+    other = by_seed(runs, optimizer=optimizer, mode=mode, lr=lr, momentum=momentum, variant=variant)
+    return {s: other[s] - sync[s] for s in sorted(set(sync) & set(other))}
+
+
+def gap_at_best_sync_lr(runs, optimizer, momentum):
+    """Finding 1's gap: mean and t interval over the cell's seeds at the best sync lr."""
+    lr = best_lr(runs, optimizer, "sync", momentum)
+    return t_interval(list(gaps(runs, optimizer, lr, momentum).values()))
+
+
+def ef_recovery(runs, optimizer, momentum, tuned=False):
+    """EF's recovered share (%) and its Fieller interval; ``tuned``: each mode at its own best lr."""
+    sync_lr = best_lr(runs, optimizer, "sync", momentum)
+    d_lr = best_lr(runs, optimizer, "delayed", momentum) if tuned else sync_lr
+    e_lr = best_lr(runs, optimizer, "ef", momentum) if tuned else sync_lr
+    if tuned:  # the lrs are decided on the grids' base seeds; the gaps pair the seeds the lrs share
+        base = set.intersection(*(set(by_seed(runs, optimizer=optimizer, mode=m, lr=lr, momentum=momentum,
+                                               variant="main"))
+                                  for m, lr in (("sync", sync_lr), ("delayed", d_lr), ("ef", e_lr))))
+    g = gaps(runs, optimizer, d_lr, momentum, "delayed", sync_lr)
+    e = gaps(runs, optimizer, e_lr, momentum, "ef", sync_lr)
+    seeds = sorted(set(g) & set(e) & (base if tuned else set(g)))
+    ratio, ci = fieller([e[s] for s in seeds], [g[s] for s in seeds])
+    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
+
+
+def axis_gap(runs, optimizer, size, tokens_per_param, momentum):
+    """An axis point's gap at its scanned lr (the one where the point's delayed runs are)."""
+    variant = f"axis-{size}-{tokens_per_param:g}tpp"
+    lr = {r["lr"] for r in select(runs, optimizer=optimizer, mode="delayed", variant=variant)}.pop()
+    return t_interval(list(gaps(runs, optimizer, lr, momentum, variant=variant).values()))
+
+
+def toy_holds(runs) -> tuple[int, int]:
+    """(settings under the bound at its slope, settings): the upper 95% end of the measured mean
+    at every T below the bound, and the least-squares log-log slope within the exponent + tolerance."""
+    toys = [r for r in runs if r.get("kind") == "toy"]
+    held = 0
+    for r in toys:
+        xs = [math.log(p["T"]) for p in r["points"]]
+        ys = [math.log(p["measured"]) for p in r["points"]]
+        mx, my = mean(xs), mean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        held += all(p["ci"][1] <= p["bound"] for p in r["points"]) and slope <= r["exponent"] + r["tolerance"]
+    return held, len(toys)

@@ -1,0 +1,140 @@
+"""The verdict rule and the plan's three rules (lr grids grow at an edge, seeds by power,
+longer runs for the iso-loss overhead) on hand-made run folders: no training."""
+
+import json
+
+import pytest
+
+from delaylab.llm.sweep import Cell
+from delaylab.reproduce import plan as P
+from delaylab.reproduce import verdicts as V
+from delaylab.reproduce.runner import LLMRun
+
+BASE = {"preset": "tiny", "steps": 100, "eval_every": 10, "ckpt_every": 50}
+
+
+@pytest.mark.parametrize("interval,predicted,null,want", [
+    ([0.6, 0.9], 0.8, 1.0, V.AGREES),          # meets the prediction, excludes the null
+    ([0.6, 1.1], 0.8, 1.0, V.UNDETERMINED),    # contains both
+    ([0.6, 0.7], 0.8, 1.0, V.DISAGREES),       # misses the prediction
+    ([1.2, 1.5], 0.8, 1.0, V.DISAGREES),       # the other side of the null
+    ([0.1, 0.3], (0, None), 0.0, V.AGREES),    # a gap resolved on the predicted side
+    ([-0.1, 0.3], (0, None), 0.0, V.UNDETERMINED),
+    ([-0.3, -0.1], (0, None), 0.0, V.DISAGREES),
+    ([55, 94], (50, 90), 0.0, V.AGREES),       # EF recovers 50-90%: the interval meets the range
+    ([-51, 64], 13.9, 0.0, V.UNDETERMINED),    # sync start's 13.9% "agreed" on [-51, 64] before issue 24
+    ([17, 30], (50, 90), 0.0, V.DISAGREES),
+    (None, 0.8, 1.0, V.UNDETERMINED),          # no bounded interval
+])
+def test_the_one_rule(interval, predicted, null, want):
+    assert V.state(interval, predicted, null) == want
+
+
+def test_censored_or_broken_protocol_is_undetermined_whatever_the_interval():
+    assert V.state([0.6, 0.9], 0.8, 1.0, censored=True) == V.UNDETERMINED
+    assert V.state([0.6, 0.9], 0.8, 1.0, issues=["muon momentum 0.95 needs 200 updates after warmup, has 190"]) \
+        == V.UNDETERMINED
+    sc = V.score("x", [0.6, 0.9], 0.8, 1.0, censored=True)
+    assert V.why(sc) == "optimum censored at the lr grid's edge"
+
+
+def test_one_aggregation():
+    A, D, U = V.AGREES, V.DISAGREES, V.UNDETERMINED
+    assert V.aggregate([A, A]) == "yes"
+    assert V.aggregate([A, U]) == "partly"  # before issue 24 finding 4 dropped the U and said yes
+    assert V.aggregate([A, D]) == "partly"
+    assert V.aggregate([D, U]) == "no"
+    assert V.aggregate([U, U]) == "undetermined"
+    assert V.aggregate([None]) == "n.a." and V.aggregate([]) == "n.a."
+    assert V.counts([A, U, U]) == "agree 1, undetermined 2"
+
+
+def _finish(out, run: LLMRun, loss: float | None, curve=None):
+    folder = out / run.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps({"val_loss": loss}))
+    if curve is not None:
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "tokens": 100 * (i + 1), "val_loss": v}) + "\n" for i, v in enumerate(curve)))
+
+
+def _run(mode, lr, seed, variant="main", base=BASE, label=None):
+    return LLMRun(variant, base, Cell("adamw", mode, float(lr), 0.9, seed), label or mode)
+
+
+def test_an_lr_grid_grows_at_its_edge_up_to_the_limit(tmp_path):
+    def runs_at(lr):
+        return [_run(m, lr, s) for m in ("sync", "delayed") for s in range(2)]
+
+    loss = {"sync": lambda lr: abs(lr - 2e-3), "delayed": lambda lr: lr}  # delayed: always better lower
+
+    def finish_all(lrs):
+        for lr in lrs:
+            for r in runs_at(lr):
+                _finish(tmp_path, r, loss[r.label](lr))
+
+    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    assert not g["done"] and g["lrs"] == [1e-3, 2e-3, 4e-3]  # nothing finished yet
+    finish_all(g["lrs"])
+    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    assert not g["done"] and g["lrs"] == [5e-4, 1e-3, 2e-3, 4e-3]  # delayed's best at the low edge
+    finish_all(g["lrs"])
+    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    finish_all(g["lrs"])
+    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    assert g["done"] and g["lrs"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3] and g["extended"] == {"low": 2, "high": 0}
+    assert g["best"] == {"sync": 2e-3, "delayed": 2.5e-4}
+    assert g["censored"] == {"sync": None, "delayed": "low"}  # still at the edge after two steps: censored
+
+
+def test_seeds_by_power_stop_when_the_gap_is_resolved_or_at_the_cap(tmp_path):
+    gaps = [0.30, 0.10, 0.32, 0.28, 0.31, 0.29]  # noisy first seeds, then tight
+
+    def runs_for(lo, hi):
+        return [_run(m, 1e-3, s) for m in ("sync", "delayed") for s in range(lo, hi)]
+
+    def finish(n):
+        for s in range(n):
+            _finish(tmp_path, _run("sync", 1e-3, s), 2.0)
+            _finish(tmp_path, _run("delayed", 1e-3, s), 2.0 + gaps[s])
+
+    finish(2)
+    r = P.power_seeds(tmp_path, runs_for, 2, cap=6)
+    assert not r["done"] and r["seeds"] == 4  # [0.30, 0.10]: the t interval is far wider than half the gap
+    finish(4)
+    r = P.power_seeds(tmp_path, runs_for, 2, cap=6)
+    from delaylab.llm.metrics import t_interval
+
+    ci = t_interval(gaps[:4])
+    assert (ci[1] - ci[0]) >= sum(gaps[:4]) / 4 / 2 and r["seeds"] == 6 and not r["done"]
+    finish(6)
+    r = P.power_seeds(tmp_path, runs_for, 2, cap=6)
+    assert r["done"] and r["seeds"] == 6 and r["resolved"] is (t_interval(gaps)[1] - t_interval(gaps)[0]
+                                                               < sum(gaps) / 6 / 2)
+    assert P.power_seeds(tmp_path, runs_for, 2, cap=None)["seeds"] == 2  # not a headline cell: no more seeds
+
+
+def test_overhead_reruns_longer_until_the_target_is_reached(tmp_path):
+    sync = _run("sync", 1e-3, 0)
+    delayed = _run("delayed", 1e-3, 0)
+    _finish(tmp_path, sync, 2.0, [3.0, 2.5, 2.0])
+    _finish(tmp_path, delayed, 2.2, [3.2, 2.6, 2.2])  # misses 2.0
+    r = P.overhead_runs(tmp_path, BASE, sync, delayed, (1.5, 2, 4))
+    assert not r["done"] and [x.variant for x in r["runs"]] == ["main", "length-1.5x"]
+    longer = r["runs"][1]
+    assert longer.base["steps"] == 150 and longer.base["eval_every"] == 15 and longer.cell == delayed.cell
+    _finish(tmp_path, longer, 2.1, [3.2, 2.6, 2.3, 2.1])  # still misses
+    r = P.overhead_runs(tmp_path, BASE, sync, delayed, (1.5, 2, 4))
+    assert [x.variant for x in r["runs"]] == ["main", "length-1.5x", "length-2x"]
+    _finish(tmp_path, r["runs"][2], 1.9, [3.2, 2.6, 2.3, 2.1, 1.9])  # crosses 2.0 between 400 and 500 tokens
+    r = P.overhead_runs(tmp_path, BASE, sync, delayed, (1.5, 2, 4))
+    assert r["done"] and r["length"] == 2 and r["overhead"]["overhead"] == pytest.approx(450 / 300)
+    # never reached at 4x: no number
+    other = _run("delayed", 1e-3, 1)
+    s1 = _run("sync", 1e-3, 1)
+    _finish(tmp_path, s1, 2.0, [3.0, 2.5, 2.0])
+    for variant, f in (("main", 1), ("length-1.5x", 1.5), ("length-2x", 2), ("length-4x", 4)):
+        run = other if f == 1 else LLMRun(variant, P.length_base(BASE, f), other.cell, "delayed")
+        _finish(tmp_path, run, 2.5, [3.0, 2.5])
+    r = P.overhead_runs(tmp_path, BASE, s1, other, (1.5, 2, 4))
+    assert r["done"] and r["overhead"] is None and r["max_length"] == 4
