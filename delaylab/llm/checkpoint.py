@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_unflatten, treespec_dumps, treespec_loads
 
-from delaylab.errors import ConfigError, MissingFile, WriteFailed, cannot_write
+from delaylab.errors import ConfigError, MissingFile, WriteFailed
 
 FORMAT = 2
 ROOT = "ckpt"
@@ -261,8 +261,6 @@ def _why_not_written(err: BaseException, folder: Path) -> str:
     """The reason a save failed, in words: the OSError inside DCP's wrapper when there is one (torch.save
     inside DCP loses it: its zip writer reports a short write as a position mismatch), else what the
     process may write (a file-size limit, the free space), else the error's first line."""
-    import resource
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     if isinstance(err, CheckpointException):  # the first failing rank's own exception
@@ -271,9 +269,14 @@ def _why_not_written(err: BaseException, folder: Path) -> str:
         err = err.__cause__ or err.__context__
     if err is not None:
         return f"{err.strerror or err}" + (f" ({Path(err.filename).name})" if err.filename else "")
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY:
-        return f"a write failed under a file-size limit of {limit} bytes (ulimit -f)"
+    try:
+        import resource  # POSIX
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            return f"a write failed under a file-size limit of {limit} bytes (ulimit -f)"
+    except ImportError:
+        pass
     place = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
     return f"a write failed with {shutil.disk_usage(place).free} bytes free on its disk"
 

@@ -32,7 +32,7 @@ from delaylab.llm.data import load_dataset
 from delaylab.llm.distributed.mesh import build_mesh
 from delaylab.llm.distributed.world import barrier, check_world, local_rank, start
 from delaylab.llm.distributed.wrap import replica_rows
-from delaylab.llm.run.folder import TrainFolder
+from delaylab.llm.run.folder import TrainFolder, require_folder
 from delaylab.run_folder import CONFIG
 from delaylab.llm.model import GPT
 
@@ -140,8 +140,6 @@ def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int)
         run.check_new()
         return
     if (out / CONFIG).is_file():
-        from delaylab.llm.run.folder import require_folder
-
         run.check_same_run(require_folder(out))
     root = out / checkpoint.ROOT
     checkpoint.verify(root, checkpoint.require_latest(root, stages), stages)
