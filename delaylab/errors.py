@@ -5,8 +5,10 @@
 failed mid-run), 75 for a run that a signal stopped with a checkpoint (:class:`Preempted`). Each
 subclass also derives from the builtin that callers would catch without us (``ValueError``,
 ``FileNotFoundError``, ``ImportError``, ``OSError``), so library users keep their ``except ValueError``.
-This module imports nothing, so every layer (``theory`` too) may use it.
+This module imports nothing of ours (nor torch), so every layer (``theory`` too) may use it.
 """
+
+import contextlib
 
 
 class DelaylabError(Exception):
@@ -26,6 +28,19 @@ class MissingFile(DelaylabError, FileNotFoundError):
 
 class MissingExtra(DelaylabError, ImportError):
     """An optional dependency is not installed; the message says which extra brings it."""
+
+
+@contextlib.contextmanager
+def overflow_is_divergence(what: str):
+    """Inside the block, torch's refusal of a scalar beyond the tensors' dtype (an lr of 1e38 in a
+    float32 run: "value cannot be converted ... without overflow") is a :class:`Diverged` run: its
+    numbers left the dtype's range, as a NaN loss says."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "without overflow" not in str(err):
+            raise
+        raise Diverged(f"{what}: a value overflowed the parameters' dtype ({str(err).splitlines()[0]})") from None
 
 
 class WriteFailed(DelaylabError, OSError):

@@ -193,10 +193,12 @@ def worst_case(method: str = "sgdm", *, T: int, eta: float, beta: float = 0.0, t
     # the primal-dual gap are checked below instead.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        from cvxpy.error import SolverError
+
         try:
             value = pb.solve(wrapper="cvxpy", solver=solver, verbose=0)
-        except ValueError as err:  # cvxpy refuses data that overflowed (eta L = 1e308: NaN, inf)
-            raise ConfigError(f"the PEP's data are not finite at eta={eta:g}, L={L:g}, Delta={Delta:g} "
+        except (ValueError, SolverError) as err:  # data that overflowed (eta L = 1e308), or too ill-conditioned
+            raise ConfigError(f"the PEP does not solve at eta={eta:g}, L={L:g}, Delta={Delta:g} "
                               f"({str(err).splitlines()[0]})") from None
     seconds = time.perf_counter() - t0
     prob = pb.wrapper.prob

@@ -42,7 +42,7 @@ from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
-from delaylab.errors import ConfigError, Diverged
+from delaylab.errors import ConfigError, Diverged, overflow_is_divergence
 from delaylab.llm.pipeline.retarget import retarget
 
 
@@ -113,7 +113,8 @@ class StageExecutor:
             ready = self._clock()
             received = self.p2p.wait(pending) if pending is not None else None
             start = self._clock()
-            out = self._compute(a, received)
+            with overflow_is_divergence(str(a)):
+                out = self._compute(a, received)
             nxt = next(acts, None)
             send = (out, a.send, a.op, a.n) if a.send is not None else None
             pending = self.p2p.post(send, _recv_of(nxt) if nxt is not None else None)

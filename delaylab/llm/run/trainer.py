@@ -18,6 +18,7 @@ Python API: ``train(Config.from_dict(...), out) -> summary``; ``Trainer`` for st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from delaylab.errors import ConfigError, Diverged, Preempted, WriteFailed, cannot_write
+from delaylab.errors import ConfigError, Diverged, Preempted, WriteFailed, cannot_write, overflow_is_divergence
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
 from delaylab.llm.distributed.preempt import StopGate, preemptible
@@ -105,8 +106,8 @@ class Trainer:
         call's update, or at :meth:`settle` (so a NaN is found one call late). Returns None.
         """
         M, B, seed, total = self.cfg.data.grad_accum, self.cfg.data.batch_size, self.cfg.run.seed, 0.0
-        with self.opt.predicted_weights():  # weight prediction / look-ahead: shifted, then restored
-            for j in range(M):
+        with self.opt.predicted_weights(), self._overflow(f"call {self.calls}"):
+            for j in range(M):  # (weight prediction / look-ahead: shifted, then restored)
                 x, y = self.setup.rows(*self.data.batch(self.calls * M + j, B, self.block, seed))
                 # replicas reduce their gradients once per call, on the last microbatch
                 with gradient_sync(self.net, j == M - 1):
@@ -120,7 +121,8 @@ class Trainer:
         self.inflight.append(call)
         self.settle(keep=0 if wait else 1)  # the previous call's loss (this one's too with wait)
         g, before = self._slowest, self.opt.group_updates[self._slowest]
-        self.opt.step()
+        with self._overflow(f"update {self.updates} (call {self.calls})"):
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.calls += 1
         self._set_lrs()
@@ -128,6 +130,16 @@ class Trainer:
         call.applied, call.queued = self.opt.group_updates[g] > before, self.opt.queue.queued[g]
         self._book()
         return call.value if wait else None
+
+    @contextlib.contextmanager
+    def _overflow(self, what: str):
+        """A scalar beyond the dtype (an lr of 1e38 in float32) is a divergence at this update."""
+        try:
+            with overflow_is_divergence(what):
+                yield
+        except Diverged:
+            self.failed_update = self.updates
+            raise
 
     def settle(self, keep: int = 0) -> None:
         """Check the losses of the calls in flight but the newest ``keep``; raises :class:`Diverged`
