@@ -66,7 +66,7 @@ def _replace_with(tmp: Path, path: Path, write) -> None:
     except BaseException as err:
         tmp.unlink(missing_ok=True)
         if isinstance(err, OSError) and err.filename is None:  # a failed write() names no file
-            err.filename = str(tmp)
+            err.filename = str(path)
         raise
 
 

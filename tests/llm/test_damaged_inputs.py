@@ -231,7 +231,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_good_checkpoin
     code, err = _run_limited(["train", *TINY, "--out", str(tmp_path / "tiny_limit")], 1000)
     print(f"| an output folder that takes no more than 1000 bytes per file (a new run) | {code} | "
           f"`{err.strip().replace(str(tmp_path), 'D')}` |")
-    assert code == 2 and err.strip() == f"delaylab: error: cannot write {tmp_path}/tiny_limit/config.json.tmp: " \
+    assert code == 2 and err.strip() == f"delaylab: error: cannot write {tmp_path}/tiny_limit/config.json: " \
                                         f"File too large", err
     assert not list((tmp_path / "tiny_limit").iterdir())
     # during the run: the first checkpoint (1.8 MB) does not fit -> the run failed, exit 1

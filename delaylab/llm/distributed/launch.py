@@ -169,6 +169,7 @@ def launch(fn: Callable, args: tuple, *, stages: int = 1, dp: int, what: str) ->
 
     # The ranks report failures themselves (one line each); the agent's tracebacks add nothing.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # "Terminating process ... via SIGTERM"
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it; one thread each
     # A rank that fails leaves with os._exit; multiprocessing's tracker then warns about a
     # semaphore it cleans up anyway.
