@@ -224,7 +224,7 @@ def _resume_beside_the_reference(engine: str, out, reference) -> None:
 
 def _check_interrupted(engine: str, out, reference, rng: random.Random, who: str | None = None) -> None:
     code, what, last = _interrupt(engine, out, rng, who)
-    print(f"{engine}: {what}: exit {code}: {last}")
+    print(f"{engine}: {what}: exit {code}: {last}", file=sys.__stderr__, flush=True)  # the table, uncaptured
     if code == 0:  # the run ended before the signal: nothing to resume, the run is the reference's
         _same_run(engine, out, reference(engine))
         return

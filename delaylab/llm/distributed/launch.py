@@ -182,6 +182,7 @@ def launch(fn: Callable, args: tuple, *, stages: int = 1, dp: int, what: str) ->
         # boundary with a checkpoint; the agent would forward them and kill the ranks after 30 s.
         signals_to_handle="SIGHUP,SIGQUIT",
     )
+    _tracker_ignores_sigusr1()
     with tempfile.TemporaryDirectory() as tmp:
         claim = Path(tmp) / "failure.json"
         os.environ[_FAILURE_FILE] = str(claim)  # the spawned ranks inherit it
@@ -195,6 +196,22 @@ def launch(fn: Callable, args: tuple, *, stages: int = 1, dp: int, what: str) ->
         finally:
             os.environ.pop(_FAILURE_FILE, None)
             os.environ.pop(STOP_FILE, None)
+
+
+def _tracker_ignores_sigusr1() -> None:
+    """Start multiprocessing's resource tracker (the spawned ranks share it) with SIGUSR1 blocked: it
+    ignores SIGINT and SIGTERM itself, but SLURM's SIGUSR1 to every process of a job would kill it,
+    and its successor prints a traceback for each semaphore it never knew."""
+    import signal
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        resource_tracker.ensure_running()  # inherits the mask, and never unblocks SIGUSR1
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _first_failure(err, claim: dict | None) -> str:
