@@ -250,6 +250,8 @@ class MoE(nn.Module):
 
     def capacity(self, T: int) -> int:
         """Slots per expert and sequence of ``T`` tokens."""
+        if self.capacity_factor * self.top_k >= self.n_experts:  # every assignment fits (no overflow of a huge factor)
+            return T
         return min(T, math.ceil(self.capacity_factor * T * self.top_k / self.n_experts))
 
     def no_muon_parameters(self) -> list[nn.Parameter]:

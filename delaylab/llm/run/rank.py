@@ -23,11 +23,12 @@ import torch
 import torch.distributed as dist
 
 from delaylab._io import save_torch, write_json
-from delaylab.errors import ConfigError
-from delaylab.llm import mfu
+from delaylab.errors import ConfigError, Preempted
+from delaylab.llm import checkpoint, mfu
 from delaylab.llm.checkpoint import rng_state, set_rng_state
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
+from delaylab.llm.distributed.preempt import StopGate, preemptible
 from delaylab.llm.run.folder import TrainFolder, summary_base
 from delaylab.llm.model import autocast, compile_blocks
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
@@ -39,6 +40,7 @@ from delaylab.llm.run.setup import (Setup, check_folder, checkpoint_at, load_dat
                                     optimizer_factory)
 
 
+@preemptible
 def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
              stop_at: int | None = None) -> dict | None:
     """Run this process's stage of ``cfg`` (its rank from torchrun's environment variables).
@@ -57,8 +59,10 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
     if start >= end:
         raise ConfigError(f"the checkpoint is at step {start}: nothing left to run (up to step {end})")
     stage = Stage(setup.seeded_model(), mesh.s, P).to(device=device, dtype=cfg.torch_dtype())
-    after = _AfterUpdate(setup, run, ckpts, end)
-    ex = _executor(setup, stage, Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start), after)
+    gate = StopGate(start)  # a signal: the ranks agree on the update to stop after
+    after = _AfterUpdate(setup, run, ckpts, end, gate)
+    ex = _executor(setup, stage, Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start), after,
+                   gate)
     if cfg.run.compile:
         for slot in ex.slots:  # each weight version's copy of the stage (copies made before compiling)
             compile_blocks(slot)
@@ -76,8 +80,14 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
     after.t0 = time.perf_counter()
     try:
         ex.run()
+        if gate.stop is not None and gate.stop < end:  # stopped: the state after update K-1 is the step-K part
+            after.checkpoint(ex, gate.stop)
     finally:
         run.close()
+    if gate.stop is not None and gate.stop < end:
+        dist.barrier()  # every stage's part is in place before any rank leaves
+        raise Preempted(f"{gate.cause()}: stopped after update {gate.stop} (a checkpoint in "
+                        f"{checkpoint.step_dir(ckpts.root, gate.stop)}; --resume {out} continues)")
     wall = time.perf_counter() - after.t0
     val = [setup.rows(x, y) for x, y in setup.data.val_batches(cfg.run.eval_batches, cfg.data.batch_size,
                                                                 setup.model_cfg.block_size)]
@@ -98,25 +108,35 @@ class _AfterUpdate:
     """What a rank does after each update of its stage: the writer's metrics line, and the checkpoint
     (the stage's part, written at its own update; ``t0``: when the loop started)."""
 
-    def __init__(self, setup: Setup, run: TrainFolder, ckpts, end: int):
-        self.setup, self.run, self.ckpts, self.end, self.t0 = setup, run, ckpts, end, 0.0
+    def __init__(self, setup: Setup, run: TrainFolder, ckpts, end: int, gate: StopGate):
+        self.setup, self.run, self.ckpts, self.end, self.gate, self.t0 = setup, run, ckpts, end, gate, 0.0
+        self.saved: int | None = None
 
     def __call__(self, ex: StageExecutor, k: int, loss: float | None) -> None:
-        cfg, run, step, elapsed = self.setup.cfg, self.run, k + 1, time.perf_counter() - self.t0
+        cfg, run, step = self.setup.cfg, self.run, k + 1
         if run.writer:
             run.add_loss(loss)
             run.advance()
             if logs_at(step, cfg):
                 run.record(step, tokens=self.setup.tokens(step), lr=ex.opt.param_groups[0]["lr"],
-                           time=run.state["train_time"] + elapsed)
-        if checkpoint_at(step, self.end, cfg):
-            self.ckpts.save(step, {"config": cfg.to_dict(), "executor": ex.state_dict(),
-                                   "rng": rng_state(self.setup.device),
-                                   "loop": run.loop_state(elapsed) if run.writer else None})
-            self.ckpts.commit()  # written is good: the pipeline stops before a diverged update
+                           time=run.state["train_time"] + time.perf_counter() - self.t0)
+        if checkpoint_at(step, min(self.end, self.gate.stop or self.end), cfg):  # a stop at K: its step too
+            self.checkpoint(ex, step)
+
+    def checkpoint(self, ex: StageExecutor, step: int) -> None:
+        """The stage's part of ``step`` (once), good as soon as written: the pipeline stops before a
+        diverged update."""
+        if self.saved == step:
+            return
+        elapsed = time.perf_counter() - self.t0
+        self.ckpts.save(step, {"config": self.setup.cfg.to_dict(), "executor": ex.state_dict(),
+                               "rng": rng_state(self.setup.device),
+                               "loop": self.run.loop_state(elapsed) if self.run.writer else None})
+        self.ckpts.commit()
+        self.saved = step
 
 
-def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update) -> StageExecutor:
+def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update, gate=None) -> StageExecutor:
     cfg, mesh, device, d = setup.cfg, setup.mesh, setup.device, setup.cfg.data
     block, seed, rank = setup.model_cfg.block_size, cfg.run.seed, mesh.rank
     shape = (d.batch_size // mesh.D, block, setup.model_cfg.d_model)
@@ -132,7 +152,7 @@ def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update) -> Stag
         # The tied matrix lives on the first and the last stage; their gradients meet before each
         # update (Megatron-LM's embedding group), in a group per replica.
         tied_group=mesh.tied_group if stage.first or stage.last else None,
-        dp_group=mesh.dp_group if mesh.D > 1 else None,
+        dp_group=mesh.dp_group if mesh.D > 1 else None, gate=gate,
     )
 
 
@@ -157,7 +177,14 @@ class _Usage:
 
 
 def _ranks(jobs: list[tuple[dict, str, bool, int | None]]) -> list[dict | None]:
-    return [run_rank(Config.from_dict(c), out, resume, stop) for c, out, resume, stop in jobs]
+    results = []
+    for c, out, resume, stop in jobs:
+        try:
+            results.append(run_rank(Config.from_dict(c), out, resume, stop))
+        except Preempted as err:  # every rank stops at the same update; the later jobs wait
+            results.append({"status": "preempted", "message": str(err)})
+            break
+    return results
 
 
 def _launch(jobs: list[tuple[Config, str | os.PathLike, bool, int | None]]) -> list[dict]:
@@ -168,7 +195,10 @@ def _launch(jobs: list[tuple[Config, str | os.PathLike, bool, int | None]]) -> l
         load_data(cfg)  # tokenized (and cached) once here, not in every rank
         Path(out).mkdir(parents=True, exist_ok=True)
     specs = [(cfg.to_dict(), str(out), resume, stop) for cfg, out, resume, stop in jobs]
-    return launch(_ranks, (specs,), stages=P, dp=D, what="pipeline")[P - 1]  # the last stage of replica 0
+    summaries = launch(_ranks, (specs,), stages=P, dp=D, what="pipeline")[P - 1]  # the last stage of replica 0
+    if summaries and summaries[-1]["status"] == "preempted":
+        raise Preempted(summaries[-1]["message"])
+    return summaries
 
 
 def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:

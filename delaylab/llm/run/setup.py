@@ -20,7 +20,6 @@ One accounting, for both engines (docs/llm.md, "What a run reports"):
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -32,8 +31,8 @@ from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.distributed.mesh import build_mesh
 from delaylab.llm.distributed.world import barrier, check_world, local_rank, start
-from delaylab.llm.distributed.wrap import check_shardable, replica_rows
-from delaylab.llm.run.folder import TrainFolder
+from delaylab.llm.distributed.wrap import replica_rows
+from delaylab.llm.run.folder import TrainFolder, require_folder
 from delaylab.run_folder import CONFIG
 from delaylab.llm.model import GPT
 
@@ -63,7 +62,6 @@ class Setup:
         self.mesh = None
         if distributed:
             check_world(self.stages, D)
-            check_shardable(cfg)
             start(self.device, cfg.parallel.timeout)
             self.mesh = build_mesh(self.device.type, D, self.stages, cfg.parallel.timeout,
                                    tied=cfg.model_config(256).tie_embeddings)
@@ -137,12 +135,14 @@ def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int)
     launcher checks before any process starts."""
     out = Path(out)
     run = TrainFolder(cfg, out, marks=checkpoint.MARKS)
+    run.check_writable()
     if not resume:
         run.check_new()
         return
     if (out / CONFIG).is_file():
-        run.check_same_run(json.loads((out / CONFIG).read_text()))
-    checkpoint.require_latest(out / checkpoint.ROOT, stages)
+        run.check_same_run(require_folder(out))
+    root = out / checkpoint.ROOT
+    checkpoint.verify(root, checkpoint.require_latest(root, stages), stages)
 
 
 def open_run(setup: Setup, out, *, writer: bool, resume: bool):
@@ -156,6 +156,7 @@ def open_run(setup: Setup, out, *, writer: bool, resume: bool):
         if ckpts.root is None:
             raise ConfigError("resume needs the run's folder")
         step = checkpoint.require_latest(ckpts.root, setup.stages)
+        checkpoint.verify(ckpts.root, step, setup.stages)  # a damaged part: one line naming what is wrong
         part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
         run.check_same_run(part["config"], ckpts.root)
         ckpts.drop_after(step)

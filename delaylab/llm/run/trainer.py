@@ -18,6 +18,7 @@ Python API: ``train(Config.from_dict(...), out) -> summary``; ``Trainer`` for st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -25,11 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-from delaylab.errors import ConfigError, Diverged
+from delaylab.errors import ConfigError, Diverged, Preempted, WriteFailed, cannot_write, overflow_is_divergence
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
-from delaylab.llm.distributed.world import mean
-from delaylab.llm.distributed.wrap import check_shardable, gradient_sync, wrap
+from delaylab.llm.distributed.preempt import StopGate, preemptible
+from delaylab.llm.distributed.world import barrier, mean
+from delaylab.llm.distributed.wrap import gradient_sync, wrap
 from delaylab.llm.checkpoint import rng_state, set_rng_state
 from delaylab.llm.run.folder import summary_base
 from delaylab.llm import mfu
@@ -104,8 +106,8 @@ class Trainer:
         call's update, or at :meth:`settle` (so a NaN is found one call late). Returns None.
         """
         M, B, seed, total = self.cfg.data.grad_accum, self.cfg.data.batch_size, self.cfg.run.seed, 0.0
-        with self.opt.predicted_weights():  # weight prediction / look-ahead: shifted, then restored
-            for j in range(M):
+        with self.opt.predicted_weights(), self._overflow(f"call {self.calls}"):
+            for j in range(M):  # (weight prediction / look-ahead: shifted, then restored)
                 x, y = self.setup.rows(*self.data.batch(self.calls * M + j, B, self.block, seed))
                 # replicas reduce their gradients once per call, on the last microbatch
                 with gradient_sync(self.net, j == M - 1):
@@ -119,7 +121,8 @@ class Trainer:
         self.inflight.append(call)
         self.settle(keep=0 if wait else 1)  # the previous call's loss (this one's too with wait)
         g, before = self._slowest, self.opt.group_updates[self._slowest]
-        self.opt.step()
+        with self._overflow(f"update {self.updates} (call {self.calls})"):
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.calls += 1
         self._set_lrs()
@@ -127,6 +130,16 @@ class Trainer:
         call.applied, call.queued = self.opt.group_updates[g] > before, self.opt.queue.queued[g]
         self._book()
         return call.value if wait else None
+
+    @contextlib.contextmanager
+    def _overflow(self, what: str):
+        """A scalar beyond the dtype (an lr of 1e38 in float32) is a divergence at this update."""
+        try:
+            with overflow_is_divergence(what):
+                yield
+        except Diverged:
+            self.failed_update = self.updates
+            raise
 
     def settle(self, keep: int = 0) -> None:
         """Check the losses of the calls in flight but the newest ``keep``; raises :class:`Diverged`
@@ -209,6 +222,7 @@ class Trainer:
         set_rng_state(sd["rng"], self.device)
 
 
+@preemptible
 def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = False,
           stop_at: int | None = None, dataset=None) -> dict:
     """Run ``cfg`` and return the summary (also written to ``out/summary.json``).
@@ -230,11 +244,14 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
              desc=f"{cfg.optim.optimizer} delay {cfg.delay.delay}")
     clock = _SteadyClock(trainer, trainer.updates, end)
     loop_start, eval_time = time.perf_counter(), 0.0
+    gate, saved = StopGate(trainer.updates), None  # a signal: the replicas agree on the update to stop after
     # The written checkpoint is good once the loss at its weights is known finite: that is the
     # loss of the call made right after it was written (number ``unchecked``), known one call late.
     unchecked: int | None = None
     try:
         while trainer.updates < end:
+            if not gate(trainer.updates):  # stopped: every update before gate.stop is done
+                break
             t0, before = time.perf_counter(), trainer.updates
             try:
                 trainer.step(wait=False)  # no host sync: the previous call's loss is checked here
@@ -272,12 +289,34 @@ def train(cfg: Config, out: str | os.PathLike | None = None, *, resume: bool = F
                 t_save = clock.pause()
                 ckpts.save(k, {**trainer.state_dict(), "loop": run.loop_state()})
                 clock.resume(t_save)
-                unchecked = trainer.calls
+                unchecked, saved = trainer.calls, k
+        preempted = trainer.updates < end
+        if preempted:  # the step-K part, after the losses of every call made are known finite
+            try:
+                trainer.settle()
+            except Diverged as err:
+                ckpts.discard()
+                raise run.diverged(err, trainer.failed_update, ckpts.latest()) from None
+            for loss in trainer.take_applied():
+                run.add_loss(loss)
+            if saved != trainer.updates:
+                ckpts.save(trainer.updates, {**trainer.state_dict(), "loop": run.loop_state()})
         # The last checkpoint's weights were checked by the final evaluation or, at a stop, are finite.
         if trainer.weights_finite():
             ckpts.commit()
+    except OSError as err:  # a full disk, a file-size limit: the run stops, its last good checkpoint kept
+        if isinstance(err, WriteFailed):
+            raise
+        kept = ckpts.latest()
+        raise WriteFailed(f"{cannot_write(run.out, err)}; "
+                          + (f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was written"),
+                          started=True) from None
     finally:
         run.close()
+    if preempted:
+        barrier()  # every replica's part is in place before any of them leaves
+        where = f"a checkpoint in {ckpts.latest()}; --resume {run.out} continues" if run.out else "no --out: nothing kept"
+        raise Preempted(f"{gate.cause()}: stopped after update {trainer.updates} ({where})")
     timed_updates, timed_s = clock.stop(trainer.updates)
     # Wall time of this session's loop minus validation: every bit of the trainer's own work
     # (logging, checkpoints, the progress bar) counts, unlike in train_time_s.
@@ -355,6 +394,9 @@ def _replicas(jobs: list[tuple[dict, str | None, bool, int | None]]) -> list[dic
             summaries.append(train(Config.from_dict(c), out, resume=resume, stop_at=stop))
         except Diverged as err:  # every replica sees the same mean loss: they all stop here
             summaries.append({"status": "diverged", "message": str(err)})
+        except Preempted as err:  # every replica stops at the same update; the later jobs wait
+            summaries.append({"status": "preempted", "message": str(err)})
+            break
     return summaries
 
 
@@ -371,13 +413,14 @@ def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config,
     sizes = {cfg.parallel.dp for cfg, _ in jobs}
     if len(sizes) != 1:
         raise ConfigError(f"train_replicas needs one replica count for all jobs, got {sorted(sizes)}")
-    for cfg, folder in jobs:  # what a replica would refuse, refused here, once
-        check_shardable(cfg)
+    for cfg, folder in jobs:  # what a replica would refuse, refused here, once (the config: by resolved)
         load_data(cfg)
         if folder is not None:
             check_folder(cfg, folder, resume, stages=1)
     specs = [(cfg.to_dict(), None if folder is None else str(folder), resume, stop_at) for cfg, folder in jobs]
     summaries = launch(_replicas, (specs,), dp=sizes.pop(), what="data-parallel run")[0]
+    if summaries[-1]["status"] == "preempted":
+        raise Preempted(summaries[-1]["message"])
     if single and summaries[0]["status"] == "diverged":
         raise Diverged(summaries[0]["message"])
     return summaries[0] if single else summaries
