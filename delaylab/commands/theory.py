@@ -196,7 +196,7 @@ def cmd_axis(args) -> int:
     rows = delay_axis(optimizers, args.taus, T=args.T)
     result = {"taus": args.taus, "T": args.T, "rows": rows}
     if args.plot:
-        plot_delay_axis(rows).savefig(args.plot, dpi=120, bbox_inches="tight")
+        save_figure(plot_delay_axis(rows), args.plot, dpi=120, bbox_inches="tight")
         result["plot"] = args.plot
     emit(result, args.json, lambda d: axis_markdown(d["rows"]).rstrip())
     return 0
