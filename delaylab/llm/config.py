@@ -448,6 +448,11 @@ def _resolve_parallel(cfg: Config, engine: str) -> None:
         cfg.data.grad_accum = 1 if schedule in (None, "pipedream") else max(4, stages - 1)
 
 
+# Devices delaylab runs on; mps, xpu, ... are devices torch knows and delaylab does not. The tests
+# add "meta" (where any host read raises) to show that a training call holds no host sync.
+DEVICE_KINDS = ("cpu", "cuda")
+
+
 def _check_combinations(cfg: Config, engine: str) -> None:
     import torch
 
@@ -505,7 +510,7 @@ def _check_combinations(cfg: Config, engine: str) -> None:
             kind = torch.device(dev).type
         except RuntimeError:
             kind = None
-        if kind not in ("cpu", "cuda"):  # meta, mps, xpu...: devices torch knows and delaylab does not run on
+        if kind not in DEVICE_KINDS:
             raise ConfigError(f"unknown device {dev!r} (auto, cpu, cuda, cuda:1, ...)")
         if kind == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {dev!r} asked for, but this torch has no CUDA device "
