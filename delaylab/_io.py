@@ -45,8 +45,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    _replace_with(tmp, path, lambda: tmp.write_text(dumps(obj, indent=2) + "\n"))
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:
@@ -55,5 +54,44 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    _replace_with(tmp, path, lambda: torch.save(obj, tmp))
+
+
+def _replace_with(tmp: Path, path: Path, write) -> None:
+    """``write()`` the temporary file, then rename it over ``path``; a failed write (a full disk)
+    removes the temporary file and leaves ``path`` as it was."""
+    try:
+        write()
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write() names no file
+            err.filename = str(path)
+        raise
+
+
+def figure_path(path: str | os.PathLike) -> Path:
+    """``path`` if its suffix names a format matplotlib writes (check it before the work), else a
+    one-line error."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from delaylab.errors import ConfigError
+
+    path = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise ConfigError(f"{path}: a figure needs a suffix matplotlib writes ({', '.join(sorted(formats))})")
+    return path
+
+
+def save_figure(fig: Any, path: str | os.PathLike, **kw) -> Path:
+    """``fig.savefig(path)``, its folder made first; a path that takes no file is one line."""
+    from delaylab.errors import WriteFailed, cannot_write
+
+    path = figure_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, **kw)
+    except OSError as err:
+        raise WriteFailed(cannot_write(path, err)) from None
+    return path

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from delaylab._io import dumps, write_json
-from delaylab.errors import ConfigError, MissingExtra
+from delaylab.errors import ConfigError, MissingExtra, WriteFailed, cannot_write
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 LOGGERS = ("none", "tensorboard", "wandb")
@@ -55,6 +55,24 @@ class RunFolder:
         if self.out is not None and any((self.out / n).exists() for n in self.marks):
             raise ConfigError(f"{self.out} already holds a run: resume it or choose another output folder")
 
+    def check_writable(self) -> None:
+        """Refuse a folder that cannot take files (no permission, a read-only disk, a file in the
+        way), without creating anything: a temporary file in its nearest existing ancestor."""
+        import tempfile
+
+        if self.out is None:
+            return
+        place = self.out
+        while not place.exists() and place != place.parent:
+            place = place.parent
+        try:
+            if not place.is_dir():
+                raise NotADirectoryError(20, "Not a directory", str(place))
+            with tempfile.TemporaryFile(dir=place):
+                pass
+        except OSError as err:
+            raise WriteFailed(f"cannot write {self.out}: {err.strerror or err}") from None
+
     def finished_summary(self) -> dict | None:
         """The summary of a run that already finished, if this folder holds one."""
         path = self.out / SUMMARY if self.out is not None else None
@@ -76,12 +94,15 @@ class RunFolder:
         if loop_state is not None:
             self.state.update(loop_state)
         if self.writer:
-            self.out.mkdir(parents=True, exist_ok=True)
-            write_json(self.out / CONFIG, self.config)
-            path = self.out / METRICS
-            self._metrics = open(path, "r+b" if loop_state is not None and path.is_file() else "wb")
-            self._metrics.truncate(self.state["metrics_bytes"])  # lines logged after the checkpoint
-            self._metrics.seek(self.state["metrics_bytes"])
+            try:  # nothing has run yet: an output folder that takes no files is bad input (exit 2)
+                self.out.mkdir(parents=True, exist_ok=True)
+                write_json(self.out / CONFIG, self.config)
+                path = self.out / METRICS
+                self._metrics = open(path, "r+b" if loop_state is not None and path.is_file() else "wb")
+                self._metrics.truncate(self.state["metrics_bytes"])  # lines logged after the checkpoint
+                self._metrics.seek(self.state["metrics_bytes"])
+            except OSError as err:
+                raise WriteFailed(cannot_write(self.out, err)) from None
             self._sinks = _open_sinks(log, self.out, self.config)
         self._bar = tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, desc=desc, leave=leave,
                          disable=None if progress is None else not progress)

@@ -9,25 +9,26 @@ an lr scan on seed 0 and the tuned cells on 4 seeds), and writes
   two paired means), and the differences of gaps between models (Welch t interval);
 * the router's load imbalance over training (``moe_imbalance`` in metrics.jsonl, mean over the
   layers), sync vs delayed vs EF, and its late-training mean paired by seed;
-* a figure, and ``runs.jsonl`` (one JSON object per run: optimizer, mode, correction, delay, lr,
-  momentum, seed, preset, model, params, active_params, steps, tokens, tokens_per_param, val_loss,
-  val_curve as [tokens, val_loss] pairs).
+* a figure, and ``runs.jsonl`` (one JSON object per run, the fields of delaylab.reproduce's
+  runs.jsonl where they apply: kind, optimizer, mode, sweep_mode, correction, delay, lr, momentum,
+  seed, preset, model, params, active_params, steps, batch_size, block_size, tokens,
+  tokens_per_param, val_loss, diverged, val_curve as [tokens, val_loss] pairs).
 
     python scripts/beyond_moe.py --runs /work/runs/i28/moe --md table.md --figure docs/figures/beyond_moe.png \
         --jsonl docs/beyond/moe-cpu/runs.jsonl
 
-Fieller's interval lives here until the reproduce statistics (issue 24) provide one.
+The intervals are delaylab.llm.metrics's (t, Welch, Fieller).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
+
+from delaylab.llm import metrics
 
 MODELS = {  # folder -> label; the dense models match the MoE's active and total parameter counts
     "dense_h256": "dense, h = 256 (matches the MoE's active parameters)",
@@ -38,36 +39,8 @@ SHORT = {"dense_h256": "dense-active", "moe_e4k1_h256": "MoE", "dense_h1024": "d
 MODES = ("sync", "delayed", "ef")
 
 
-def fieller(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> list | None:
-    """Fieller's interval for mean(a) / mean(b) from paired samples (a_i, b_i): the R with
-    ``(abar - R bbar)^2 <= t^2 var(a - R b) / n``. None when mean(b) is not resolved from 0 at
-    this level (the set is then unbounded: the ratio is undetermined)."""
-    n = len(a)
-    t = stats.t.ppf(0.5 + confidence / 2, n - 1)
-    ma, mb = a.mean(), b.mean()
-    saa, sbb, sab = a.var(ddof=1) / n, b.var(ddof=1) / n, np.cov(a, b, ddof=1)[0, 1] / n
-    A = mb * mb - t * t * sbb
-    B = ma * mb - t * t * sab
-    C = ma * ma - t * t * saa
-    if A <= 0:
-        return None
-    disc = B * B - A * C
-    root = math.sqrt(max(disc, 0.0))
-    return [(B - root) / A, (B + root) / A]
-
-
-def t_interval(x: np.ndarray, confidence: float = 0.95) -> list:
-    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return [float(x.mean() - half), float(x.mean() + half)]
-
-
-def welch(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> list:
-    """Interval of mean(x) - mean(y), Welch's t."""
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    df = (vx + vy) ** 2 / (vx * vx / (len(x) - 1) + vy * vy / (len(y) - 1))
-    half = stats.t.ppf(0.5 + confidence / 2, df) * math.sqrt(vx + vy)
-    d = x.mean() - y.mean()
-    return [float(d - half), float(d + half)]
+def t_interval(x: np.ndarray) -> list:
+    return metrics.t_interval(list(x))
 
 
 def read_cells(folder: Path) -> list[dict]:
@@ -103,13 +76,13 @@ def mode_of(c: dict) -> str:
     return "sync" if s["mode"] == "sync" else ("ef" if s["correction"] == "ef" else "delayed")
 
 
-def imbalance_curve(c: dict) -> list[tuple[int, float]]:
-    return [(m["step"], float(np.mean(m["moe_imbalance"]))) for m in c["metrics"] if "moe_imbalance" in m]
+def imbalance_curve(c: dict, key: str = "moe_imbalance") -> list[tuple[int, float]]:
+    return [(m["step"], float(np.mean(m[key]))) for m in c["metrics"] if key in m]
 
 
 def analyse(runs: Path) -> dict:
     out = {"models": {}, "scan": {}}
-    for key in MODELS:
+    for key in (k for k in MODELS if (runs / k / "cells").is_dir()):
         cells = read_cells(runs / key)
         total, active = active_params(cells[0]["config"])
         out["models"][key] = {"total": total, "active": active, "rows": {}}
@@ -123,11 +96,10 @@ def analyse(runs: Path) -> dict:
             seeds = sorted(set.intersection(*(set(v) for v in by.values())))
             loss = {m: np.array([by[m][s]["summary"]["val_loss"] for s in seeds]) for m in MODES}
             gap = loss["delayed"] - loss["sync"]
-            rec = loss["delayed"] - loss["ef"]
+            rec = metrics.recovery(*({s: float(v) for s, v in zip(seeds, loss[m])} for m in MODES))
             row = {"lr": lr, "seeds": seeds, **{m: loss[m].tolist() for m in MODES},
                    "gap": gap.tolist(), "gap_mean": float(gap.mean()), "gap_ci": t_interval(gap),
-                   "ef_gain_ci": t_interval(rec),
-                   "recovery": float(rec.mean() / gap.mean()), "recovery_ci": fieller(rec, gap)}
+                   "recovery": rec["ratio_of_means"], "recovery_ci": rec["ci"], "recovery_set": rec["set"]}
             if key.startswith("moe"):
                 late = {}
                 for m in MODES:
@@ -138,6 +110,8 @@ def analyse(runs: Path) -> dict:
                     half = len(steps) // 2
                     late[m] = np.array([np.mean([v for _, v in cv[half:]]) for cv in curves])
                     row[f"imbalance_late_{m}"] = late[m].tolist()
+                    row[f"dropped_late_{m}"] = [float(np.mean([v for _, v in imbalance_curve(by[m][s], "moe_dropped")[half:]]))
+                                                for s in seeds]
                 diff = late["delayed"] - late["sync"]
                 row["imbalance_late_delayed_minus_sync"] = {"mean": float(diff.mean()), "ci": t_interval(diff)}
                 diff = late["ef"] - late["sync"]
@@ -145,10 +119,11 @@ def analyse(runs: Path) -> dict:
             out["models"][key]["rows"][opt] = row
     comps = {}
     for opt in ("adamw", "muon"):
-        g = {k: np.array(out["models"][k]["rows"][opt]["gap"]) for k in MODELS}
-        for other in ("dense_h256", "dense_h1024"):
+        g = {k: np.array(out["models"][k]["rows"][opt]["gap"]) for k in out["models"]}
+        for other in (k for k in ("dense_h256", "dense_h1024") if k in g):
             comps[f"{opt}: MoE - {SHORT[other]}"] = {"mean": float(g["moe_e4k1_h256"].mean() - g[other].mean()),
-                                                    "ci": welch(g["moe_e4k1_h256"], g[other])}
+                                                    "ci": metrics.welch_interval(list(g[other]),
+                                                                                 list(g["moe_e4k1_h256"]))}
     out["gap_differences"] = comps
     return out
 
@@ -164,12 +139,12 @@ def resolved(ci) -> str:
 def markdown(a: dict) -> str:
     lines = ["| model (total / active params) | optimizer | lr | sync | delayed | delayed + EF | gap [95% t] | "
              "EF recovers [95% Fieller] |", "|---|---|---|---|---|---|---|---|"]
-    for key, label in MODELS.items():
+    for key in a["models"]:
         m = a["models"][key]
         for opt, r in m["rows"].items():
             name = {"adamw": "AdamW", "muon": "Muon"}[opt]
-            rec = f"{100 * r['recovery']:.0f}% " + ("[undetermined]" if r["recovery_ci"] is None else
-                                                    f"[{100 * r['recovery_ci'][0]:.0f}, {100 * r['recovery_ci'][1]:.0f}]")
+            rec = f"{r['recovery']:.0f}% " + ("[undetermined]" if r["recovery_ci"] is None else
+                                               f"[{r['recovery_ci'][0]:.0f}, {r['recovery_ci'][1]:.0f}]")
             lines.append(f"| {SHORT[key]} ({m['total'] / 1e6:.2f}M / {m['active'] / 1e6:.2f}M) | {name} | {r['lr']:g} | "
                          f"{np.mean(r['sync']):.3f} | {np.mean(r['delayed']):.3f} | {np.mean(r['ef']):.3f} | "
                          f"{r['gap_mean']:+.3f} {fmt_ci(r['gap_ci'])} | {rec} |")
@@ -178,12 +153,14 @@ def markdown(a: dict) -> str:
         lines.append(f"| {name} | {d['mean']:+.3f} | {fmt_ci(d['ci'])} | {resolved(d['ci'])} |")
     rows = a["models"]["moe_e4k1_h256"]["rows"]
     lines += ["", "| router imbalance E max_e f_e (1 = balanced, 4 = all on one expert), mean of the last half of "
-              "training | sync | delayed | EF | delayed - sync [95% t, paired] | EF - sync |", "|---|---|---|---|---|---|"]
+              "training | sync | delayed | EF | delayed - sync [95% t, paired] | EF - sync | share dropped over "
+              "capacity: sync / delayed / EF |", "|---|---|---|---|---|---|---|"]
     for opt, r in rows.items():
         d, e = r["imbalance_late_delayed_minus_sync"], r["imbalance_late_ef_minus_sync"]
         lines.append(f"| {opt} | {np.mean(r['imbalance_late_sync']):.3f} | {np.mean(r['imbalance_late_delayed']):.3f} | "
                      f"{np.mean(r['imbalance_late_ef']):.3f} | {d['mean']:+.3f} {fmt_ci(d['ci'])} | "
-                     f"{e['mean']:+.3f} {fmt_ci(e['ci'])} |")
+                     f"{e['mean']:+.3f} {fmt_ci(e['ci'])} | "
+                     + " / ".join(f"{100 * np.mean(r[f'dropped_late_{m}']):.0f}%" for m in MODES) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -195,7 +172,7 @@ def figure(a: dict, path: Path) -> None:
 
     fig, (left, mid, right) = plt.subplots(1, 3, figsize=(15, 4))
     width = 0.25
-    for i, key in enumerate(MODELS):
+    for i, key in enumerate(a["models"]):
         for j, opt in enumerate(("adamw", "muon")):
             r = a["models"][key]["rows"][opt]
             x = j + (i - 1) * width
@@ -231,7 +208,10 @@ def runs_jsonl(runs: Path, path: Path) -> int:
             total, active = active_params(cfg)
             curve = [[m["tokens"], m["val_loss"]] for m in c["metrics"] if "val_loss" in m]
             lines.append(json.dumps({
-                "optimizer": s["optimizer"], "mode": mode_of(c), "correction": s["correction"], "delay": s["delay"],
+                "kind": "gpt", "optimizer": s["optimizer"], "mode": s["mode"], "sweep_mode": mode_of(c),
+                "correction": s["correction"], "delay": s["delay"], "folder": f"{key}/cells/{c['name']}",
+                "batch_size": cfg["data"]["batch_size"], "block_size": cfg["model"]["block_size"],
+                "diverged": s["val_loss"] is None,
                 "lr": s["lr"], "momentum": s["momentum"], "seed": s["seed"], "preset": s["preset"], "model": key,
                 "mlp_hidden": cfg["model"]["mlp_hidden"], "moe_experts": cfg["model"]["moe_experts"],
                 "moe_top_k": cfg["model"]["moe_top_k"], "params": total, "active_params": active,

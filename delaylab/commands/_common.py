@@ -11,6 +11,16 @@ from delaylab._io import dumps, jsonable, write_json  # noqa: F401  (re-exported
 from delaylab.errors import ConfigError
 
 
+# The exit codes of a training command (`llm train`, `llm pipeline`), shown in their --help.
+EXIT_CODES = (
+    "exit codes: 0 finished (or stopped at --stop-at); 1 the run failed (a diverged loss, a failed rank, a write "
+    "that failed once the run had started), its last good checkpoint kept; 2 bad input, found before anything ran "
+    "or was written; 75 preempted: SIGTERM, SIGUSR1 or SIGINT stopped it after the updates in flight with a "
+    "checkpoint on every rank, and --resume DIR continues exactly; 128+N: a second signal N, a second or more after "
+    "the first, stopped it at once, the last good checkpoint kept."
+)
+
+
 class UsageError(ConfigError):
     """Bad command-line input: reported as one line on stderr, exit code 2."""
 

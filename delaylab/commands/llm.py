@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 from delaylab.commands import pipeline
-from delaylab.commands._common import UsageError, add_json_flag, csv_list, emit
+from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, csv_list, emit
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE
 
@@ -21,7 +22,7 @@ def _render_summary(s: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    from delaylab.errors import Diverged
+    from delaylab.errors import Diverged, Preempted
     from delaylab.llm.distributed.launch import as_rank
     from delaylab.llm.distributed.world import under_launcher
     from delaylab.llm.run.folder import require_folder
@@ -41,7 +42,7 @@ def cmd_train(args) -> int:
         summary = train_replicas(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
     else:  # one process, or this replica under torchrun (they all see the same loss: a NaN stops each)
         summary = as_rank(lambda: train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at),
-                          stages=1, dp=cfg.parallel.dp, passes=(Diverged,))
+                          stages=1, dp=cfg.parallel.dp, passes=(Diverged, Preempted))
         if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, replica 0 reports
             return 0
     emit(summary, args.json, _render_summary)
@@ -154,6 +155,10 @@ def cmd_advise(args) -> int:
     from delaylab.llm.advise import Overheads, advise, plot, render
     from delaylab.llm.pipeline.cost_model import Costs
 
+    if args.figure:
+        from delaylab._io import figure_path
+
+        figure_path(args.figure)  # before the costs are measured
     given = [args.forward, args.backward]
     if any(v is not None for v in given) and not all(v is not None for v in given):
         raise UsageError("give both --forward and --backward (or neither: measured)")
@@ -164,8 +169,8 @@ def cmd_advise(args) -> int:
     P, M = cfg.parallel.stages, cfg.data.grad_accum
     for name in ("forward", "backward", "weight_grad", "update", "send", "overhead", "pipedream_overhead"):
         v = getattr(args, name)
-        if v is not None and not v >= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+        if v is not None and not (v >= 0 and math.isfinite(v)):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number >= 0, got {v}")
     measured_run = None
     if args.costs_from:
         from delaylab.llm.pipeline.timeline import load_timeline
@@ -210,6 +215,7 @@ def register(sub) -> None:
         description="Train a GPT in one process with the exact gradient-delay simulator (--delay 0 is "
         "synchronous; --schedule 2bw --stages P simulates that pipeline: the same flags give the same run "
         "as `delaylab llm pipeline`). Writes config.json, metrics.jsonl, summary.json and ckpt/ under --out.",
+        epilog=EXIT_CODES,
     )
     add_config_flags(t)
     t.add_argument("--out", metavar="DIR", help="run folder (must not hold a run already)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.commands._common import UsageError, add_json_flag, emit
+from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, emit
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
 
 
@@ -39,6 +39,7 @@ def _show_schedule(cfg) -> int:
 
 
 def cmd_pipeline(args) -> int:
+    from delaylab.errors import Preempted
     from delaylab.llm.distributed.launch import as_rank
     from delaylab.llm.distributed.world import check_world, under_launcher
     from delaylab.llm.run.folder import require_folder
@@ -61,7 +62,8 @@ def cmd_pipeline(args) -> int:
         P, D = cfg.parallel.stages, cfg.parallel.dp
         check_world(P, D)  # P x D ranks, or one line and exit 2
         check_folder(cfg, folder, bool(args.resume), stages=P)
-        summary = as_rank(lambda: run_rank(cfg, folder, bool(args.resume), args.stop_at), stages=P, dp=D)
+        summary = as_rank(lambda: run_rank(cfg, folder, bool(args.resume), args.stop_at), stages=P, dp=D,
+                          passes=(Preempted,))  # every rank stops at the same update: each exits 75
         if summary is not None:  # the last stage reports
             emit(summary, args.json, _render)
         return 0
@@ -78,6 +80,7 @@ def register(llm_sub) -> None:
         "every stage D times (P x D processes). Writes config.json, metrics.jsonl, summary.json, "
         "timeline.json/.png, model.pt and ckpt/ under --out. Under torchrun (P x D processes) it runs the "
         "rank it is.",
+        epilog=EXIT_CODES,
     )
     add_config_flags(p)
     p.add_argument("--show-schedule", action="store_true",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from delaylab._io import save_figure
 from delaylab.commands._common import (add_json_flag, csv_list, emit, nonneg_int, positive_float, positive_int,
                                        unit_interval)
 
@@ -145,7 +146,7 @@ def _plot_penalty(args, consts) -> None:
     Ts = np.logspace(2, max(np.log10(args.T) + 2, 4), 8)
     fig = plot_penalty(Ts, args.delay, consts, method=args.method, ef=args.ef, nesterov=args.nesterov,
                        init=args.init, beta=args.beta)
-    fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+    save_figure(fig, args.plot, dpi=120, bbox_inches="tight")
 
 
 def cmd_stability(args) -> int:
@@ -164,7 +165,7 @@ def cmd_stability(args) -> int:
     if args.plot:
         fig = st.plot_stability("ema" if args.method == "adam" else args.method,
                                 betas=[0.0] if args.method == "gd" else None)
-        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        save_figure(fig, args.plot, dpi=120, bbox_inches="tight")
         result["plot"] = args.plot
 
     def render(d):
@@ -195,7 +196,7 @@ def cmd_axis(args) -> int:
     rows = delay_axis(optimizers, args.taus, T=args.T)
     result = {"taus": args.taus, "T": args.T, "rows": rows}
     if args.plot:
-        plot_delay_axis(rows).savefig(args.plot, dpi=120, bbox_inches="tight")
+        save_figure(plot_delay_axis(rows), args.plot, dpi=120, bbox_inches="tight")
         result["plot"] = args.plot
     emit(result, args.json, lambda d: axis_markdown(d["rows"]).rstrip())
     return 0
@@ -212,7 +213,7 @@ def cmd_pep(args) -> int:
                   "max_ratio": max(r.ratio for r in rows if r.ratio is not None),
                   "max_gap": max(abs(r.gap) for r in rows), "solver": rows[0].solver}
         if args.plot:
-            pep.plot_tightness(rows).savefig(args.plot, dpi=120, bbox_inches="tight")
+            save_figure(pep.plot_tightness(rows), args.plot, dpi=120, bbox_inches="tight")
             result["plot"] = args.plot
 
         def render_sweep(d):

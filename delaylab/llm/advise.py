@@ -24,8 +24,11 @@ Memory is reported as weight versions and the microbatches of activations stage 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
+from delaylab._io import save_figure
 from delaylab.errors import ConfigError
 from delaylab.llm.pipeline.cost_model import Costs, predict
 
@@ -53,7 +56,12 @@ def advise(stages: int, microbatches: int, costs: Costs, *, weight_grad: float |
         raise ConfigError(f"advise compares pipeline schedules: give stages >= 2, got {P}")
     if chunks < 1:
         raise ConfigError(f"chunks must be >= 1, got {chunks}")
+    for name, v in (("overhead", overheads.twobw), ("pipedream overhead", overheads.pipedream)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise ConfigError(f"the {name} must be a ratio > 0, got {v}")
     F, B = max(costs.forward), max(costs.backward)  # the slowest stage sets the pace
+    if not F + B > 0:
+        raise ConfigError("the forward and backward times are both 0: nothing to compare")
     W = B / 2 if weight_grad is None else weight_grad
     if not 0 <= W <= B:
         raise ConfigError(f"the weight-gradient time W must be in [0, B = {B:g}], got {W:g}")
@@ -137,5 +145,5 @@ def plot(result: dict, path) -> None:
                  fontsize=9)
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

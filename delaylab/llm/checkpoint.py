@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_unflatten, treespec_dumps, treespec_loads
 
-from delaylab.errors import ConfigError, MissingFile
+from delaylab.errors import ConfigError, MissingFile, WriteFailed
 
 FORMAT = 2
 ROOT = "ckpt"
@@ -105,11 +105,54 @@ def load_part(root: Path, step: int, stage: int, mesh=None, group=None) -> dict:
     try:
         part = _load(path, mesh, group)
     except (Exception, CheckpointException) as err:  # a damaged or foreign folder
-        raise ConfigError(f"{path}: not a delaylab checkpoint ({type(err).__name__})") from None
+        raise ConfigError(f"{path}: not a delaylab checkpoint ({type(err).__name__}){_older(root, step)}") from None
+    _check_part(path, part)
+    return part
+
+
+def _check_part(path: Path, part) -> None:
     if not isinstance(part, dict) or part.get("format") != FORMAT:
         found = part.get("format", "?") if isinstance(part, dict) else "?"
         raise ConfigError(f"{path}: checkpoint format {found}; this delaylab reads format {FORMAT}")
-    return part
+
+
+def _older(root: Path, step: int) -> str:
+    """The way out of a damaged step: the hint to remove it (when an older complete step exists)."""
+    return f"; remove {step_dir(root, step)} to resume from an older step" if len(steps_on_disk(root)) > 1 else ""
+
+
+def verify(root: Path, step: int, stages: int) -> None:
+    """Raise (one line) unless every stage's part of ``step`` is readable: its index, the small entry
+    holding the structure (format, config) and data files as long as the index says. Cheap (no tensor
+    is read): what a launcher checks before any process starts. DCP keeps no checksums, so a flipped
+    byte inside a tensor is not seen."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    for stage in range(stages):
+        path = part_path(root, step, stage)
+        try:
+            if not (path / ".metadata").is_file():
+                raise FileNotFoundError(path / ".metadata")
+            reader = dcp.FileSystemReader(str(path))
+            index = reader.read_metadata().storage_data
+            for info in index.values():
+                file = path / info.relative_path
+                if file.stat().st_size < info.offset + info.length:
+                    raise EOFError(f"{info.relative_path} is {file.stat().st_size} bytes, its index needs "
+                                   f"{info.offset + info.length}")
+            meta = {_META: io.BytesIO()}
+            with _quiet():
+                dcp.load(meta, storage_reader=reader, no_dist=True)
+            meta[_META].seek(0)
+            info = torch.load(meta[_META], weights_only=True)
+            # the part without its tensors: the structure and the plain values
+            skeleton = tree_unflatten([k[1] if k[0] == "value" else None for k in info["kinds"]],
+                                      treespec_loads(info["spec"]))
+        except (Exception, CheckpointException) as err:
+            detail = str(err) if isinstance(err, EOFError) else type(err).__name__
+            raise ConfigError(f"{path}: damaged checkpoint ({detail}){_older(root, step)}") from None
+        _check_part(path, skeleton)
 
 
 def read(out: str | os.PathLike, stage: int = 0, stages: int = 1) -> dict:
@@ -150,10 +193,20 @@ class Checkpoints:
         """Write ``state`` as this stage's part of ``step``, beside its place (see :meth:`commit`)."""
         if self.root is None:
             return
+        from torch.distributed.checkpoint.api import CheckpointException
+
         place = part_path(self.root, step, self.stage)
         pending = place.with_name(place.name + ".pending")
         state = {**state, "format": FORMAT, "step": step, "stage": self.stage}
-        _save(state, _writer(pending, step), self.group, self.lead)
+        try:
+            _save(state, _writer(pending, step), self.group, self.lead)
+        except (OSError, CheckpointException) as err:  # a full disk, a file-size limit, no permission
+            if self.lead:  # what was written of it frees its room
+                shutil.rmtree(pending, ignore_errors=True)
+            kept = self.latest()
+            raise WriteFailed(f"cannot write {pending}: {_why_not_written(err, pending)}; "
+                              + (f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was written"),
+                              started=True) from None
         self._pending = (pending, place)
 
     def commit(self) -> None:
@@ -202,6 +255,30 @@ class Checkpoints:
             path.parent.rmdir()  # the last stage to leave a step removes its folder
         except OSError:
             pass
+
+
+def _why_not_written(err: BaseException, folder: Path) -> str:
+    """The reason a save failed, in words: the OSError inside DCP's wrapper when there is one (torch.save
+    inside DCP loses it: its zip writer reports a short write as a position mismatch), else what the
+    process may write (a file-size limit, the free space), else the error's first line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException):  # the first failing rank's own exception
+        err = next(iter(err.failures.values()))[0]
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    if err is not None:
+        return f"{err.strerror or err}" + (f" ({Path(err.filename).name})" if err.filename else "")
+    try:
+        import resource  # POSIX
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            return f"a write failed under a file-size limit of {limit} bytes (ulimit -f)"
+    except ImportError:
+        pass
+    place = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
+    return f"a write failed with {shutil.disk_usage(place).free} bytes free on its disk"
 
 
 # -- a state as a DCP folder ---------------------------------------------------------------------

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-from delaylab.errors import ConfigError, MissingFile, MissingExtra
+from delaylab.errors import ConfigError, MissingExtra, MissingFile, WriteFailed, cannot_write
 
 SHAKESPEARE = "shakespeare"
 TEXT_SUFFIXES = (".txt", ".md")
@@ -106,13 +106,31 @@ def resolve_sources(data: str | os.PathLike | Sequence[str | os.PathLike]) -> li
 
 
 def check_source(path: Path, text_field: str) -> None:
-    """Fail early, in one line, on a parquet without the text column."""
+    """Fail early, in one line, on a file that is not parquet or lacks the text column."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        names = pq.read_schema(path).names
-        if text_field not in names:
-            raise ConfigError(f"{path}: no column {text_field!r} (columns: {', '.join(names)})")
+        import pyarrow as pa
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception as err:  # pyarrow's ArrowInvalid / OSError for a damaged or foreign file
+            raise ConfigError(f"{path}: not a parquet file ({_first_line(err)})") from None
+        if text_field not in schema.names:
+            raise ConfigError(f"{path}: no column {text_field!r} (columns: {', '.join(schema.names)})")
+        kind = schema.field(text_field).type
+        if not any(getattr(pa.types, f"is_{t}", lambda _: False)(kind) for t in ("string", "large_string", "string_view")):
+            raise ConfigError(f"{path}: column {text_field!r} holds {kind}, not text")
+
+
+def _first_line(err: BaseException, limit: int = 120) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError, where: str = "") -> ConfigError:
+    return ConfigError(f"{path}{where}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}"
+                       f"{' of the line' if where else ''})")
 
 
 def iter_documents(files: Iterable[Path], text_field: str = "text", builtin: bool = False) -> Iterator[str]:
@@ -120,10 +138,17 @@ def iter_documents(files: Iterable[Path], text_field: str = "text", builtin: boo
         if builtin:
             yield strip_play_markdown(path.read_text(encoding="utf-8"))
         elif path.suffix in TEXT_SUFFIXES:
-            yield path.read_text(encoding="utf-8", errors="replace")
+            try:  # a file that is not text (a binary, another encoding) is refused, not garbled
+                yield path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, err) from None
         elif path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
+            with path.open("rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as err:
+                        raise _not_utf8(path, err, f":{lineno}") from None
                     if not line.strip():
                         continue
                     try:
@@ -135,11 +160,17 @@ def iter_documents(files: Iterable[Path], text_field: str = "text", builtin: boo
         elif path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(path)
-            for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-                for text in batch.column(0).to_pylist():
-                    if text:
-                        yield text
+            try:
+                pf = pq.ParquetFile(path)
+                batches = pf.iter_batches(columns=[text_field], batch_size=1024)
+                for batch in batches:
+                    for text in batch.column(0).to_pylist():
+                        if text:
+                            yield text
+            except ConfigError:
+                raise
+            except Exception as err:  # a damaged page, a column that is not text
+                raise ConfigError(f"{path}: cannot read column {text_field!r} ({_first_line(err)})") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,19 +437,33 @@ def load_dataset(
             root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=root))
         except OSError:  # read-only place: build in a temporary folder, keep nothing
-            tmp = Path(tempfile.mkdtemp(prefix="delaylab-data-"))
-            _build(files, builtin, spec, tmp, user)
-            return _open(tmp, in_memory=True)
+            return _build_in_memory(files, builtin, spec, user)
         try:
             _build(files, builtin, spec, tmp, user)
             try:
                 os.replace(tmp, folder)  # atomic: a concurrent builder's folder wins, ours goes
             except OSError:
                 shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # no room beside the data (a full disk, a file-size limit): try a temporary folder
+            shutil.rmtree(tmp, ignore_errors=True)
+            return _build_in_memory(files, builtin, spec, user)
         finally:
             if tmp.exists() and tmp != folder:
                 shutil.rmtree(tmp, ignore_errors=True)
     return _open(folder)
+
+
+def _build_in_memory(files, builtin, spec, user) -> "TokenDataset":
+    tmp = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="delaylab-data-"))
+        _build(files, builtin, spec, tmp, user)
+        return _open(tmp, in_memory=True)
+    except OSError as err:
+        raise WriteFailed(f"tokenizing the data: {cannot_write(tmp, err)}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _open(folder: Path, in_memory: bool = False) -> TokenDataset:

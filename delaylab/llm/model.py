@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -249,6 +250,8 @@ class MoE(nn.Module):
 
     def capacity(self, T: int) -> int:
         """Slots per expert and sequence of ``T`` tokens."""
+        if self.capacity_factor * self.top_k >= self.n_experts:  # every assignment fits (no overflow of a huge factor)
+            return T
         return min(T, math.ceil(self.capacity_factor * T * self.top_k / self.n_experts))
 
     def no_muon_parameters(self) -> list[nn.Parameter]:
@@ -404,6 +407,21 @@ def stage_ranges(n_layer: int, n_stages: int) -> list[range]:
     sizes = [q + (i < r) for i in range(n_stages)]
     starts = [sum(sizes[:i]) for i in range(n_stages)]
     return [range(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def compile_blocks(module: nn.Module, backend: str | None = None) -> int:
+    """``torch.compile`` every transformer :class:`Block` of ``module`` (a GPT or a pipeline stage),
+    in place (``nn.Module.compile``: the parameter names and the state dict are unchanged), with
+    ``fullgraph=True`` (a graph break is an error, not a slow path). The blocks are alike, so the
+    first one's graph serves them all: one compilation of one block, forward and backward, instead
+    of the whole model's. ``backend``: default ``$DELAYLAB_COMPILE_BACKEND``, else ``inductor``
+    (the dry run of scripts/gpu_validate.sh uses ``aot_eager``: the same graph capture, no C++
+    compiler). Returns how many blocks were compiled."""
+    backend = backend or os.environ.get("DELAYLAB_COMPILE_BACKEND", "inductor")
+    blocks = [m for m in module.modules() if isinstance(m, Block)]
+    for block in blocks:
+        block.compile(backend=backend, fullgraph=True)
+    return len(blocks)
 
 
 def autocast(device: torch.device | str):

@@ -125,6 +125,8 @@ def grid(n: int, width: float = 4.2, height: float = 3.4):
 
 
 def save(fig, path) -> None:
+    from delaylab._io import save_figure
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

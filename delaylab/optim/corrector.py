@@ -13,7 +13,8 @@ needs. In the order :class:`~delaylab.optim.delayed.Delayed` calls them on one c
    gradient corrected (DC-ASGD);
 3. the lr (:meth:`~Corrector.scale_lr`): the lr the inner step runs with (damping);
 4. around the inner step, per parameter (:meth:`~Corrector.wraps`, :meth:`~Corrector.before`,
-   :meth:`~Corrector.after`): error feedback's feedback, prediction's record of ``u_last``.
+   :meth:`~Corrector.after`, or their group forms :meth:`~Corrector.before_all`,
+   :meth:`~Corrector.after_all`): error feedback's feedback, prediction's record of ``u_last``.
 
 Within one hook point the correctors run in the registry's order
 (:mod:`delaylab.optim.corrections`).
@@ -87,6 +88,17 @@ class Corrector:
 
     def after(self, p: torch.Tensor, st: dict, update: Update, token: Any, spare: Spare) -> None:
         """After the inner step (and the earlier correctors' :meth:`after`) changed ``p``."""
+
+    # The same two hooks over a param group's parameters at once (the whole-model step): by default
+    # one call per parameter; a corrector may do them with torch._foreach_* (a few kernel launches
+    # for the group instead of a few per parameter), with the per-parameter result bit for bit.
+    def before_all(self, params: list[torch.Tensor], states: list[dict], update: Update, spare: Spare) -> list:
+        return [self.before(p, st, update, spare) for p, st in zip(params, states)]
+
+    def after_all(self, params: list[torch.Tensor], states: list[dict], update: Update, tokens: list,
+                  spare: Spare) -> None:
+        for p, st, tok in zip(params, states, tokens):
+            self.after(p, st, update, tok, spare)
 
 
 def overrides(corrector: Corrector, *hooks: str) -> bool:

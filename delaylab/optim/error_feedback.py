@@ -53,6 +53,39 @@ def feedback(p: torch.Tensor, u: torch.Tensor, lag: int, st: dict,
     return u
 
 
+def feedback_all(ps: list[torch.Tensor], us: list[torch.Tensor], lag: int, states: list[dict],
+                 dtype: torch.dtype | None = None) -> None:
+    """:func:`feedback` for a list of parameters with ``torch._foreach_*``: the same operations in
+    the same order on every element, so the same bits (a few kernel launches on a GPU where the
+    per-parameter loop makes a few per parameter)."""
+    torch._foreach_sub_(us, ps)
+    first, same, low = [], [], []  # indices by the kind of buffer held: none, the params' dtype, lower
+    for i, (u, st) in enumerate(zip(us, states)):
+        prev = st.get("ef_buffer")
+        (first if prev is None else same if prev.dtype == u.dtype else low).append(i)
+    if first:  # u_{-1} = 0
+        torch._foreach_sub_([ps[i] for i in first], [us[i] for i in first], alpha=lag)
+    if same:
+        prevs = [states[i]["ef_buffer"] for i in same]
+        torch._foreach_sub_(prevs, [us[i] for i in same])
+        torch._foreach_add_([ps[i] for i in same], prevs, alpha=lag)
+    if low:  # widen the low-precision buffers, then the same update
+        wide = [torch.empty_like(us[i]) for i in low]
+        torch._foreach_copy_(wide, [states[i]["ef_buffer"] for i in low])
+        torch._foreach_sub_(wide, [us[i] for i in low])
+        torch._foreach_add_([ps[i] for i in low], wide, alpha=lag)
+    for i, (u, st) in enumerate(zip(us, states)):
+        if dtype is None or dtype == u.dtype:
+            st["ef_buffer"] = u
+    if dtype is not None:
+        keep = [i for i, u in enumerate(us) if u.dtype != dtype]
+        # the rounded copy goes into the old low-precision buffer where there is one (copy_ rounds as .to does)
+        bufs = [states[i]["ef_buffer"] if i in low else torch.empty_like(us[i], dtype=dtype) for i in keep]
+        torch._foreach_copy_(bufs, [us[i] for i in keep])
+        for i, buf in zip(keep, bufs):
+            states[i]["ef_buffer"] = buf
+
+
 class ErrorFeedback(Corrector):
     name = "ef"
     keys = ("ef_buffer",)
@@ -91,3 +124,16 @@ class ErrorFeedback(Corrector):
         free = feedback(p, x_before, self.lags[update.group], st, DTYPES[self.dtype])
         if free is not None:
             spare.give(free)
+
+    # FSDP2's DTensor shards keep the per-parameter hooks (DTensor ops, DTensor buffers in the checkpoint).
+    def before_all(self, params, states, update, spare: Spare) -> list:
+        if any(hasattr(p, "_local_tensor") for p in params):
+            return super().before_all(params, states, update, spare)
+        snapshots = [torch.empty_like(p) for p in params]
+        torch._foreach_copy_(snapshots, [p.detach() for p in params])
+        return snapshots
+
+    def after_all(self, params, states, update, snapshots, spare: Spare) -> None:
+        if any(hasattr(p, "_local_tensor") for p in params):
+            return super().after_all(params, states, update, snapshots, spare)
+        feedback_all([p.detach() for p in params], snapshots, self.lags[update.group], states, DTYPES[self.dtype])

@@ -3,7 +3,9 @@
 ``plan`` maps ``id(group)`` to ``(update, correctors)`` for the groups whose update some
 corrector wraps; the other groups are stepped plainly. Two paths with the same result:
 
-- :func:`whole_model`, for any inner optimizer: every ``before``, one inner step, every ``after``;
+- :func:`whole_model`, for any inner optimizer: every ``before``, one inner step, every ``after``
+  (each corrector's group form: EF's is a few ``torch._foreach_*`` launches per group, the path
+  taken on an accelerator);
 - :func:`per_parameter`: the inner stepped one parameter at a time, each between its own hooks,
   so that a snapshot is one parameter (reusing the memory the previous one of that shape freed,
   :class:`~delaylab.optim.corrector.Spare`) and its extra passes run on memory still in cache.
@@ -39,12 +41,22 @@ def can_step_per_parameter(inner: Optimizer, param_groups, plan: dict) -> bool:
 
 
 def whole_model(inner: Optimizer, param_groups, plan: dict, state) -> None:
+    """Each corrector's group hooks (``before_all`` / ``after_all``) around one inner step. A
+    parameter's correctors still act in the list's order, and each acts on its own parameters
+    only, so running them group by group is running them parameter by parameter."""
     spare = Spare(keep=False)
-    wrapped = [(p, *plan[id(g)]) for g in param_groups if id(g) in plan for p in g["params"] if p.grad is not None]
-    tokens = [[c.before(p, state[p], update, spare) for c in hooked] for p, update, hooked in wrapped]
+    wrapped = []  # (params, their states, update, correctors, each corrector's tokens)
+    for g in param_groups:
+        if id(g) in plan:
+            update, hooked = plan[id(g)]
+            params = [p for p in g["params"] if p.grad is not None]
+            states = [state[p] for p in params]
+            wrapped.append((params, states, update, hooked, [c.before_all(params, states, update, spare)
+                                                             for c in hooked]))
     inner.step()
-    for (p, update, hooked), toks in zip(wrapped, tokens):
-        _after(p, state[p], update, hooked, toks, spare)
+    for params, states, update, hooked, tokens in wrapped:
+        for c, toks in zip(hooked, tokens):
+            c.after_all(params, states, update, toks, spare)
 
 
 def per_parameter(inner: Optimizer, plan: dict, state) -> None:

@@ -51,7 +51,8 @@ class LMOMomentum(Optimizer):
         scale: ``"none"`` or ``"muon"`` (see above).
     """
 
-    # Each parameter's step reads only its own gradient and state (delaylab.optim.capabilities).
+    # Each parameter's step reads only its own gradient and state (delaylab.optim.capabilities); on CUDA the
+    # batched SVDs of equal shapes make that true to rounding only, and the per-parameter path is CPU-only.
     steps_per_parameter = True
 
     def __init__(
@@ -102,6 +103,7 @@ class LMOMomentum(Optimizer):
         loss = closure_loss(closure)
         for group in self.param_groups:
             lr, beta, wd = group["lr"], group["beta"], group["weight_decay"]
+            params, sources = [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -110,16 +112,9 @@ class LMOMomentum(Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - beta)
-                source = p.grad.lerp(buf, beta) if group["nesterov"] else buf
-                direction = ascent_direction(
-                    source,
-                    group["norm"],
-                    group["batch_dims"],
-                    group["method"],
-                    ns_steps=group["ns_steps"],
-                    ns_coefficients=group["ns_coefficients"],
-                    ns_dtype=group["ns_dtype"],
-                )
+                params.append(p)
+                sources.append(p.grad.lerp(buf, beta) if group["nesterov"] else buf)
+            for p, direction in zip(params, self._directions(sources, group)):
                 step = lr
                 if group["scale"] == "muon":
                     step = lr * muon_lr_scale(p.shape, group["batch_dims"])
@@ -127,3 +122,30 @@ class LMOMomentum(Optimizer):
                     p.mul_(1 - lr * wd)
                 p.add_(direction, alpha=-step)
         return loss
+
+    @staticmethod
+    def _directions(sources: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
+        """``ascent_direction`` of each source. Exact spectral LMOs (``method="svd"``) of CUDA
+        tensors go in one batched SVD per shape: one cuSOLVER call per shape (a few per model)
+        instead of one per matrix, each of which may wait for the device. Elsewhere one call per
+        tensor (the CPU's results stay those the tests pin)."""
+        options = dict(ns_steps=group["ns_steps"], ns_coefficients=group["ns_coefficients"],
+                       ns_dtype=group["ns_dtype"])
+        norm, batch_dims, method = group["norm"], group["batch_dims"], group["method"]
+        batched = norm == "spectral" and method == "svd"
+        out: list[torch.Tensor | None] = [None] * len(sources)
+        shapes: dict[tuple, list[int]] = {}
+        for i, src in enumerate(sources):
+            if batched and _batch_svd(src):
+                shapes.setdefault((src.shape, src.dtype, src.device), []).append(i)
+            else:
+                out[i] = ascent_direction(src, norm, batch_dims, method, **options)
+        for idx in shapes.values():
+            stacked = ascent_direction(torch.stack([sources[i] for i in idx]), norm, batch_dims + 1, method, **options)
+            for i, d in zip(idx, stacked.unbind(0)):
+                out[i] = d
+        return out
+
+
+def _batch_svd(t: torch.Tensor) -> bool:
+    return t.is_cuda

@@ -14,6 +14,10 @@ sgd      torch.optim.SGD with momentum
 lmo      delaylab.optim.LMOMomentum    (the method the theory analyses; spectral by default)
 =======  =================================================================================
 
+On CUDA parameters AdamW (muon's too) and SGD get torch's fused kernels (``fused=True``) unless
+``foreach`` or ``fused`` is given; torch.optim.Muon has neither, and pytorch_optimizer's classes use
+their ``torch._foreach_*`` path by default.
+
 Common hyperparameters: ``lr``, ``weight_decay``, ``momentum`` (each optimizer's momentum knob:
 AdamW/SOAP/Adan/MARS beta1, Lion beta2 (its momentum buffer's decay), Muon and SGD momentum,
 LMO beta), ``betas``; anything else goes to the optimizer's constructor. For ``muon``,
@@ -91,6 +95,19 @@ def _third_party(name: str):
     return getattr(pytorch_optimizer, THIRD_PARTY[name])
 
 
+def _on_cuda(params) -> bool:
+    return bool(params) and all(p.is_cuda for p in params)
+
+
+def _fused(named, hp: dict) -> dict:
+    """``fused=True`` (torch's one-kernel update of a whole param group) when every parameter is on
+    CUDA and the caller chose no kernel; elsewhere torch's default (the single-tensor step on the CPU,
+    which the tests pin bit for bit)."""
+    if "fused" in hp or "foreach" in hp or not _on_cuda([p for _, p in named]):
+        return {}
+    return {"fused": True}
+
+
 def _construct(cls, groups, name: str, **kwargs) -> Optimizer:
     try:
         return cls(groups, **kwargs)
@@ -145,7 +162,7 @@ def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
 
     if key == "adamw":
         wd = hp.pop("weight_decay")
-        return _construct(torch.optim.AdamW, _decay_groups(named, wd), key, **hp)
+        return _construct(torch.optim.AdamW, _decay_groups(named, wd), key, **hp, **_fused(named, hp))
     if key == "muon":
         adam = {"lr": hp.pop("adam_lr"), "betas": hp.pop("adam_betas"), "weight_decay": hp.pop("adam_weight_decay")}
         hidden = [p for _, p in named if p.ndim == 2 and id(p) not in excluded]
@@ -160,10 +177,11 @@ def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
         if exact:
             parts.append(_muon_in_param_dtype(exact, hp))
         if rest:
-            parts.append(_construct(torch.optim.AdamW, _decay_groups(rest, adam.pop("weight_decay")), key, **adam))
+            parts.append(_construct(torch.optim.AdamW, _decay_groups(rest, adam.pop("weight_decay")), key, **adam,
+                                    **_fused(rest, adam)))
         return parts[0] if len(parts) == 1 else CombinedOptimizer(parts)
     if key == "sgd":
-        return _construct(torch.optim.SGD, [p for _, p in named], key, **hp)
+        return _construct(torch.optim.SGD, [p for _, p in named], key, **hp, **_fused(named, hp))
     if key == "lmo":
         return _construct(LMOMomentum, [p for _, p in named], key, **hp)
     wd = hp.pop("weight_decay")

@@ -193,7 +193,13 @@ def worst_case(method: str = "sgdm", *, T: int, eta: float, beta: float = 0.0, t
     # the primal-dual gap are checked below instead.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        value = pb.solve(wrapper="cvxpy", solver=solver, verbose=0)
+        from cvxpy.error import SolverError
+
+        try:
+            value = pb.solve(wrapper="cvxpy", solver=solver, verbose=0)
+        except (ValueError, SolverError) as err:  # data that overflowed (eta L = 1e308), or too ill-conditioned
+            raise ConfigError(f"the PEP does not solve at eta={eta:g}, L={L:g}, Delta={Delta:g} "
+                              f"({str(err).splitlines()[0]})") from None
     seconds = time.perf_counter() - t0
     prob = pb.wrapper.prob
     if value is None or prob.value is None or prob.status not in ("optimal", "optimal_inaccurate"):

@@ -259,6 +259,16 @@ def tune(bound: Bound, T: float, constants: dict, beta: float | None = None) -> 
     if isinstance(T, bool) or not float(T) >= 1:
         raise ConfigError(f"T must be >= 1, got {T!r}")
     consts = _consts_for(bound, float(T), constants)
+    if "Delta" in consts and not consts["Delta"] > 0:
+        raise ConfigError("tuning needs Delta > 0 (with f(x0) = inf f there is nothing to minimise)")
+    try:
+        return _tune(bound, consts, beta)
+    except ArithmeticError as err:  # the closed form overflows or divides by 0 at extreme constants
+        shown = ", ".join(f"{k}={float(v):g}" for k, v in consts.items())
+        raise ConfigError(f"{bound.name} cannot be tuned at {shown} ({type(err).__name__})") from None
+
+
+def _tune(bound: Bound, consts: dict, beta: float | None) -> Tuned:
     if beta is not None:
         check_constants({"beta": beta})
     noise_free = consts.get("sigma", 1.0) == 0.0

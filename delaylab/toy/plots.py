@@ -206,10 +206,9 @@ def plot_profile(result: dict):
 
 
 def save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    from delaylab._io import save_figure
+
+    return save_figure(fig, path, dpi=120)
 
 
 FIGURES = {

@@ -26,7 +26,7 @@ def config(P: int, schedule: str, M: int, optimizer: str, correction: str) -> Co
     return Config.from_dict(dict(
         preset="small", schedule=schedule, stages=P, grad_accum=M, optimizer=optimizer, correction=correction,
         tie_embeddings=False, dtype="float64", device="cpu", batch_size=2, block_size=16, steps=STEPS,
-        eval_batches=1, log_every=5, ckpt_every=0, threads=1, progress=False, seed=3,
+        eval_batches=1, log_every=5, ckpt_every=0, ckpt_final=True, threads=1, progress=False, seed=3,
     )).resolved("pipeline")
 
 

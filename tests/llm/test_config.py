@@ -25,7 +25,9 @@ SAMPLES = {
     "sync_start": ("2", 2), "sync_cooldown": ("1", 1),
     "schedule": ("pipedream", "pipedream"), "stages": ("3", 3), "timeout": ("9", 9.0), "steps": ("50", 50),
     "seed": ("7", 7), "eval_every": ("5", 5), "eval_batches": ("2", 2), "log_every": ("3", 3),
-    "ckpt_every": ("0", 0), "device": ("cpu", "cpu"), "threads": ("2", 2), "progress": ("false", False),
+    "ckpt_every": ("0", 0), "ckpt_final": ("true", True), "compile": ("true", True),
+    "deterministic": ("true", True), "peak_tflops": ("989.5", 989.5), "device": ("cpu", "cpu"),
+    "threads": ("2", 2), "progress": ("false", False),
     "log": ("tensorboard", "tensorboard"), "dp": ("2", 2), "dp_shard": ("true", True),
 }
 
@@ -113,3 +115,42 @@ def test_the_simulator_offers_every_correction_of_the_wrapper():
     from delaylab.optim import CORRECTIONS
 
     assert CORRECTIONS_BY_ENGINE["simulator"] == CORRECTIONS
+
+
+def test_every_numeric_field_declares_its_range_and_resolving_refuses_values_outside_it():
+    """One place: each int/float field has a ``range`` in its metadata, and ``Config.resolved`` refuses,
+    in one line naming the field, a value just outside each finite bound, an excluded bound itself,
+    NaN and the infinities (a float field), whatever the engine."""
+    import math
+
+    from delaylab.llm.config import parse_range, range_error
+
+    numeric = {name for name, (_, f) in leaf_fields().items()
+               if {"int", "float"} & set(f.type.replace(" ", "").replace("list[int]", "int").split("|"))}
+    ranged = {name for name, (_, f) in leaf_fields().items() if "range" in f.metadata}
+    assert numeric == ranged and len(numeric) >= 30, numeric ^ ranged
+    for name in sorted(numeric):
+        _, f = leaf_fields()[name]
+        text = f.metadata["range"]
+        lo, lo_in, hi, hi_in = parse_range(text)
+        is_int = "float" not in f.type
+        step = (lambda x, d: x + d) if is_int else (lambda x, d: math.nextafter(x, d * math.inf))
+        bad = []
+        if math.isfinite(lo):
+            bad.append(step(lo, -1) if lo_in else lo)
+        if math.isfinite(hi):
+            bad.append(step(hi, +1) if hi_in else hi)
+        if not is_int:
+            bad += [math.nan, math.inf, -math.inf]
+        good = [v for v in (lo if lo_in else step(lo, +1), 1) if range_error(name, text, v) is None]
+        assert good, name  # the range is not empty
+        for value in bad:
+            with pytest.raises(ConfigError, match=rf"^{name} must be"):
+                Config.from_dict(**{name: int(value) if is_int and math.isfinite(value) else value}).resolved()
+            assert range_error(name, text, value) is not None, (name, value)
+
+
+def test_lookahead_momentum_and_the_other_momenta_are_in_0_1():
+    for name in ("momentum", "dc_ms_decay", "lookahead_momentum"):
+        with pytest.raises(ConfigError, match=rf"{name} must be in \[0, 1\), got 1.5"):
+            Config.from_dict(**{name: 1.5}).resolved()

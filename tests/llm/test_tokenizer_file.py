@@ -68,6 +68,7 @@ def test_the_model_takes_the_tokenizers_vocabulary(tmp_path, corpus):
     build_tokenizer(tmp_path / "tokenizer.json", 310)
     cfg = Config.from_dict(dict(data=str(corpus), tokenizer=str(tmp_path / "tokenizer.json"), preset="tiny",
                                 batch_size=2, block_size=16, steps=2, eval_batches=1, log_every=1, ckpt_every=0,
+                                ckpt_final=True,
                                 threads=1, progress=False))
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 2

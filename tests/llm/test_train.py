@@ -19,7 +19,7 @@ def weights(trainer):
 @pytest.mark.parametrize("opt,correction,delay", [("muon", "ef", 1), ("adamw", "dc-asgd", 2), ("adamw", "none", [1, 0]),
                                                  ("muon", "predict", 1)])
 def test_resume_is_bit_exact(quick, corpus, tmp_path, opt, correction, delay):
-    cfg = quick(optimizer=opt, correction=correction, delay=delay, steps=12, eval_every=6)
+    cfg = quick(optimizer=opt, correction=correction, delay=delay, steps=12, eval_every=6, ckpt_final=True)
     full = train(cfg, tmp_path / "full", dataset=corpus)
     part = train(cfg, tmp_path / "part", stop_at=5, dataset=corpus)
     assert part["status"] == "stopped" and part["steps"] == 5
@@ -172,7 +172,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(quick, corpus, tmp_
 
 
 def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
-    cfg = quick(steps=2)
+    cfg = quick(steps=2, ckpt_final=True)
     train(cfg, tmp_path, dataset=corpus)
     def snapshot():
         return {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
@@ -181,7 +181,7 @@ def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
     with pytest.raises(ValueError, match="already holds a run"):
         train(cfg, tmp_path, dataset=corpus)
     with pytest.raises(ValueError, match="another config: lr"):
-        train(quick(steps=2, lr=0.5), tmp_path, resume=True, dataset=corpus)
+        train(quick(steps=2, lr=0.5, ckpt_final=True), tmp_path, resume=True, dataset=corpus)
     assert snapshot() == before
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(cfg, tmp_path / "empty", resume=True, dataset=corpus)

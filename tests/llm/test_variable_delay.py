@@ -22,8 +22,9 @@ def model_of(folder):
 def test_a_constant_cycle_is_the_delay_flag_bit_for_bit(quick, corpus, tmp_path, correction):
     """Same flags but ``--delay-dist cycle:2`` for ``--delay 2``: the same weights, losses and tokens
     (the queue spends two more calls filling)."""
-    dist = train(quick(optimizer="muon", delay_dist="cycle:2", correction=correction), tmp_path / "d", dataset=corpus)
-    queue = train(quick(optimizer="muon", delay=2, correction=correction), tmp_path / "q", dataset=corpus)
+    common = dict(optimizer="muon", correction=correction, ckpt_final=True)
+    dist = train(quick(delay_dist="cycle:2", **common), tmp_path / "d", dataset=corpus)
+    queue = train(quick(delay=2, **common), tmp_path / "q", dataset=corpus)
     for key in ("val_loss", "train_loss", "steps", "tokens"):
         assert dist[key] == queue[key], key
     assert (dist["calls"], queue["calls"]) == (8, 10)
@@ -33,7 +34,8 @@ def test_a_constant_cycle_is_the_delay_flag_bit_for_bit(quick, corpus, tmp_path,
 
 
 def test_a_random_delay_resumes_bit_for_bit_in_mid_run(quick, corpus, tmp_path):
-    cfg = quick(optimizer="adamw", delay_dist="uniform:0-3", correction="ef", steps=12, eval_every=6)
+    cfg = quick(optimizer="adamw", delay_dist="uniform:0-3", correction="ef", steps=12, eval_every=6,
+                ckpt_final=True)
     full = train(cfg, tmp_path / "full", dataset=corpus)
     train(cfg, tmp_path / "part", stop_at=5, dataset=corpus)
     saved = checkpoint.read(tmp_path / "part")["optimizer"]["delayed"]

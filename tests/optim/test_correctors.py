@@ -155,6 +155,43 @@ def test_ef_bfloat16_per_parameter_path_equals_the_whole_model_path():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("lag", [1, 2])
+def test_ef_group_hooks_equal_the_per_parameter_hooks_bit_for_bit(dtype, lag):
+    """EF's group form (torch._foreach_*, the whole-model step on an accelerator) against its
+    per-parameter form on the same parameters and inner steps: the same bits in the weights and
+    in the buffers, from the first step (no buffer yet) on, with buffers of the params' dtype or
+    of bfloat16; float64 and float32 parameters mixed."""
+    from delaylab.optim.corrector import Spare, Update
+    from delaylab.optim.error_feedback import ErrorFeedback
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [((5, 3), torch.float32), ((7,), torch.float32), ((4, 4), torch.float64), ((2, 3, 2), torch.float32)]
+    start = [torch.randn(s, generator=gen, dtype=t) for s, t in shapes]
+    per_p, grouped = [x.clone() for x in start], [x.clone() for x in start]
+    ef_a, ef_b = ErrorFeedback(dtype=dtype), ErrorFeedback(dtype=dtype)
+    for ef in (ef_a, ef_b):
+        ef.bind([lag])
+    st_a, st_b = [{} for _ in shapes], [{} for _ in shapes]
+    update = Update(0, lag, True)
+    for _ in range(4):
+        steps = [torch.randn(s, generator=gen, dtype=t) * 1e-2 for s, t in shapes]  # the inner's updates
+        toks = [ef_a.before(p, st, update, Spare()) for p, st in zip(per_p, st_a)]
+        for p, d in zip(per_p, steps):
+            p.sub_(d)
+        for p, st, tok in zip(per_p, st_a, toks):
+            ef_a.after(p, st, update, tok, Spare())
+        snaps = ef_b.before_all(grouped, st_b, update, Spare(keep=False))
+        for p, d in zip(grouped, steps):
+            p.sub_(d)
+        ef_b.after_all(grouped, st_b, update, snaps, Spare(keep=False))
+        for a, b, sa, sb in zip(per_p, grouped, st_a, st_b):
+            assert torch.equal(a, b)
+            assert sa["ef_buffer"].dtype == sb["ef_buffer"].dtype and torch.equal(sa["ef_buffer"], sb["ef_buffer"])
+    assert not torch.equal(per_p[0], start[0] - 0)  # the steps moved the weights
+    assert {st["ef_buffer"].dtype for st in st_b} == ({torch.bfloat16} if dtype else {torch.float32, torch.float64})
+
+
 # Bytes held across steps by a 10x10 float32 weight (400 bytes) at tau = 2: the docs' table.
 MEMORY = {"none": 0, "ef": 400, "dc-asgd": 2 * 400, "dc-asgd-a": 3 * 400, "predict": 400,
           "lookahead": 400, "damp": 0}

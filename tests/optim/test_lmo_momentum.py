@@ -97,3 +97,38 @@ def test_bad_arguments():
     ]:
         with pytest.raises(ValueError, match=msg):
             LMOMomentum([p], **kwargs)
+
+
+def test_exact_spectral_steps_batch_the_svds_of_equal_shapes(monkeypatch):
+    """On CUDA the SVDs of same-shape matrices go in one batched call (fewer cuSOLVER calls, each of
+    which may wait for the device). The batching is forced here on the CPU: the same step as one
+    SVD per matrix, to float64 rounding, with matrices of two shapes, a vector and a batched seed."""
+    from delaylab.optim import lmo_momentum
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(6, 4), (6, 4), (3, 5), (6, 4), (7,), (3, 5)]
+    start = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(3)]
+    calls = []
+    svd = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda a, **kw: calls.append(tuple(a.shape)) or svd(a, **kw))
+
+    def run(batch: bool):
+        monkeypatch.setattr(lmo_momentum, "_batch_svd", lambda t: batch)
+        ps = [x.clone().requires_grad_() for x in start]
+        opt = LMOMomentum(ps, lr=0.1, beta=0.9, nesterov=True, weight_decay=0.01, scale="muon")
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+            opt.step()
+        return ps
+
+    calls.clear()
+    one_by_one = run(False)
+    assert len(calls) == 3 * 6
+    calls.clear()
+    batched = run(True)
+    assert set(calls) == {(3, 6, 4), (2, 3, 5), (1, 7, 1)} and len(calls) == 3 * 3
+    for a, b in zip(one_by_one, batched):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+    assert max((a - s).abs().max() for a, s in zip(batched, start)) > 0.1  # the steps moved the weights

@@ -158,3 +158,23 @@ def test_muon_float64_split_keeps_adamw_for_the_rest():
     assert isinstance(adamw, torch.optim.AdamW)
     with pytest.raises(ValueError, match="float64"):
         build_optimizer("muon", model, adjust_lr_fn="match_rms_adamw")
+
+
+def test_fused_kernels_on_cuda_parameters_only(monkeypatch):
+    """On CUDA parameters AdamW (muon's AdamW part too) and SGD get torch's fused step; on the CPU
+    torch's default stays (the single-tensor step every bitwise test pins), and a kernel the
+    caller names wins. The device check is faked: this machine has no GPU."""
+    from delaylab.optim import registry
+
+    def fused_flags(opt):
+        parts = opt.optimizers if isinstance(opt, CombinedOptimizer) else [opt]
+        return [p.defaults.get("fused") for p in parts]
+
+    assert not registry._on_cuda(list(Tiny().parameters())) and not registry._on_cuda([])
+    assert fused_flags(build_optimizer("adamw", Tiny())) == [None]
+    assert fused_flags(build_optimizer("sgd", Tiny())) == [None]
+    monkeypatch.setattr(registry, "_on_cuda", lambda params: True)
+    assert fused_flags(build_optimizer("adamw", Tiny())) == [True]
+    assert fused_flags(build_optimizer("sgd", Tiny())) == [True]
+    assert fused_flags(build_optimizer("muon", Tiny())) == [None, True]  # torch.optim.Muon has no fused kernel
+    assert fused_flags(build_optimizer("adamw", Tiny(), foreach=True)) == [None]

@@ -38,18 +38,22 @@ def load_model(folder) -> dict:
     return torch.load(f"{folder}/model.pt", map_location="cpu", weights_only=True)
 
 
-def start_ranks(tmp_path, P: int, D: int, store_port: int) -> list:
+def start_ranks(tmp_path, P: int, D: int, store_port: int, agent_store: bool = True) -> list:
     """Start P x D ranks of a long 2bw run by hand, as torchrun would (environment variables and a
-    store that outlives the ranks); returns ``[(process, stderr file)]``, stderr in rank<r>.err."""
+    store that outlives the ranks; ``agent_store=False``: as a plain env:// start, rank 0 holding the
+    store at ``store_port``); returns ``[(process, stderr file)]``, stderr in rank<r>.err."""
     cmd = [sys.executable, "-m", "delaylab", "llm", "pipeline", "--stages", str(P), "--dp", str(D),
-           "--schedule", "2bw", "--preset", "small", "--microbatches", "2", "--batch-size", "2",
+           "--schedule", "2bw", "--preset", "small", "--microbatches", str(max(2, P - 1)), "--batch-size", "2",
            "--block-size", "16", "--steps", "5000", "--log-every", "1", "--ckpt-every", "0", "--timeout", "60",
            "--device", "cpu", "--out", str(tmp_path / "run")]
     procs = []
     for r in range(P * D):
         env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(P * D),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store_port),
-               "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1"}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store_port), "OMP_NUM_THREADS": "1"}
+        if agent_store:
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        else:
+            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         err = open(tmp_path / f"rank{r}.err", "w")
         procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err), err))
     return procs

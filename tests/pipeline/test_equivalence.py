@@ -101,6 +101,14 @@ def test_both_engines_report_the_same_tokens_steps_and_train_loss(pipeline_runs,
         worst = max(abs(a["train_loss"] / b["train_loss"] - 1) for a, b in zip(ours, theirs))
         print(f"P={P} {name}: train_loss relative difference {worst:.2g}")
         assert worst <= TRAIN_LOSS_RTOL and sim["train_loss"] == ours[-1]["train_loss"]
+        if cfg.schedule == "pipedream":  # the same run named by its delays (`llm train --delay 2,1,0`)
+            listed = cfg.replace(schedule=None, delay=cfg.delays)
+            by_delays = train(listed, tmp_path / f"{name}-delays")
+            assert listed.resolved().schedule is None and by_delays["delay"] == pipe["delay"] == list(range(P))[::-1]
+            assert (by_delays["steps"], by_delays["tokens"]) == (pipe["steps"], pipe["tokens"])
+            untimed = [[{k: v for k, v in r.items() if k != "time"} for r in rs]
+                       for rs in (_lines(tmp_path / f"{name}-delays"), ours)]
+            assert untimed[0] == untimed[1]  # the schedule's simulator run, line for line, bit for bit
 
 
 def _lines(folder):

@@ -159,3 +159,27 @@ def test_printed_2bw_schedule_matches_the_hand_derived_order():
         "stage 0: F0@v-1 F1@v0 B0@v-1 U0>v1 F2@v1 B1@v0 U1>v2 B2@v1 U2>v3",
         "stage 1: F0@v-1 B0@v-1 U0>v1 F1@v0 B1@v0 U1>v2 F2@v1 B2@v1 U2>v3",
     ]
+
+
+@pytest.mark.parametrize("name,P,M,steps,start", [c for c in CONFIGS if c[3] == c[1] + 5])
+def test_a_stop_at_k_runs_every_stage_through_the_list_of_a_run_that_ends_at_k(name, P, M, steps, start):
+    """Preemption (delaylab.llm.distributed.preempt): the ranks agree on K before any of them begins
+    group K, and every stage's executor then skips the groups >= K of its list. What remains must be
+    the list of a run of K steps, whose messages pair up and which stop_at runs (and resumes) exactly.
+    The executor's own filter is the one checked, with a gate that says no from group K on."""
+    from types import SimpleNamespace
+
+    from delaylab.llm.pipeline.executor import StageExecutor
+
+    full = Schedule(name, P, M, steps, start)
+    for K in range(start + 1, steps + 1):
+        asked = []
+
+        def gate(g, K=K):
+            asked.append(g)
+            return g < K
+
+        for s in range(P):
+            ex = SimpleNamespace(schedule=full, index=s, gate=gate)
+            assert list(StageExecutor._actions(ex)) == Schedule(name, P, M, K, start).actions(s), (K, s)
+        assert all(g > start for g in asked)  # the first group is entered before the gate exists

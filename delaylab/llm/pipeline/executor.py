@@ -42,7 +42,7 @@ from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event
-from delaylab.errors import ConfigError, Diverged
+from delaylab.errors import ConfigError, Diverged, overflow_is_divergence
 from delaylab.llm.pipeline.retarget import retarget
 
 
@@ -74,8 +74,10 @@ class StageExecutor:
         record_updates: int = 100,
         tied_group=None,
         dp_group=None,
+        gate: Callable[[int], bool] | None = None,
     ):
         self.stage, self.schedule, self.p2p = stage, schedule, p2p
+        self.gate = gate  # before a group's first action: may this stage run it? (a stop request)
         self.index = stage.index
         self.tau = schedule.delay(self.index)
         self.slots: list[Stage] = [stage] + [copy.deepcopy(stage) for _ in range(self.tau)]
@@ -103,7 +105,7 @@ class StageExecutor:
 
     # -- the interpreter ------------------------------------------------------------------------
     def run(self) -> None:
-        acts = self.schedule.iter_actions(self.index)
+        acts = self._actions()
         a = next(acts)
         pending = self.p2p.post(None, _recv_of(a))
         record_until = self.schedule.start + self.record_updates
@@ -111,7 +113,8 @@ class StageExecutor:
             ready = self._clock()
             received = self.p2p.wait(pending) if pending is not None else None
             start = self._clock()
-            out = self._compute(a, received)
+            with overflow_is_divergence(str(a)):
+                out = self._compute(a, received)
             nxt = next(acts, None)
             send = (out, a.send, a.op, a.n) if a.send is not None else None
             pending = self.p2p.post(send, _recv_of(nxt) if nxt is not None else None)
@@ -119,6 +122,20 @@ class StageExecutor:
                 self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock()))
             a = nxt
         self.p2p.flush()
+
+    def _actions(self):
+        """The stage's action list, asking the gate before each group's first action; once it says
+        no, the actions of that group and every later one are skipped (the list of a run that ends
+        there: every dependency of an action is in its own or an earlier group)."""
+        entered, stop = self.schedule.start, None
+        for a in self.schedule.iter_actions(self.index):
+            g = a.n if a.op == "U" else self.schedule.group(a.n)
+            if stop is None and g > entered and self.gate is not None:
+                if not self.gate(g):
+                    stop = getattr(self.gate, "stop", None) or g
+                entered = g
+            if stop is None or g < stop:
+                yield a
 
     def _compute(self, a: Action, received: torch.Tensor | None) -> torch.Tensor | None:
         if a.op == "F":
@@ -328,6 +345,8 @@ class TorchScheduleExecutor(StageExecutor):
         runner = cls(PipelineStage(st, st.index, st.stages, device, group=self.p2p.group), M,
                      loss_fn=lambda out, y: lm_loss(out, y) / M, scale_grads=False)
         for b in sch.updates():
+            if self.gate is not None and not self.gate(b):  # a stop request: every stage stops before b
+                break
             t0 = self._clock()
             data = [self.batch(n) for n in range(b * M, (b + 1) * M)] if st.first or st.last else None
             with self._amp():

@@ -122,4 +122,8 @@ def require_folder(folder: Path) -> dict:
         raise ConfigError(f"{saved}: not a JSON config ({err})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{saved}: not a delaylab config")
+    try:
+        Config.from_dict(config)
+    except ConfigError as err:  # unknown fields, values of the wrong type
+        raise ConfigError(f"{saved}: not a config of this delaylab version ({err})") from None
     return config

@@ -23,20 +23,24 @@ import torch
 import torch.distributed as dist
 
 from delaylab._io import save_torch, write_json
-from delaylab.errors import ConfigError
+from delaylab.errors import ConfigError, Preempted
+from delaylab.llm import checkpoint, mfu
 from delaylab.llm.checkpoint import rng_state, set_rng_state
 from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
+from delaylab.llm.distributed.preempt import StopGate, preemptible
 from delaylab.llm.run.folder import TrainFolder, summary_base
-from delaylab.llm.model import autocast
+from delaylab.llm.model import autocast, compile_blocks
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
 from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Schedule
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
-from delaylab.llm.run.setup import Setup, check_folder, load_data, logs_at, open_run, optimizer_factory
+from delaylab.llm.run.setup import (Setup, check_folder, checkpoint_at, load_data, logs_at, open_run,
+                                    optimizer_factory)
 
 
+@preemptible
 def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
              stop_at: int | None = None) -> dict | None:
     """Run this process's stage of ``cfg`` (its rank from torchrun's environment variables).
@@ -55,8 +59,13 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
     if start >= end:
         raise ConfigError(f"the checkpoint is at step {start}: nothing left to run (up to step {end})")
     stage = Stage(setup.seeded_model(), mesh.s, P).to(device=device, dtype=cfg.torch_dtype())
-    after = _AfterUpdate(setup, run, ckpts, end)
-    ex = _executor(setup, stage, Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start), after)
+    gate = StopGate(start)  # a signal: the ranks agree on the update to stop after
+    after = _AfterUpdate(setup, run, ckpts, end, gate)
+    ex = _executor(setup, stage, Schedule(cfg.parallel.schedule.removeprefix("torch-"), P, M, end, start), after,
+                   gate)
+    if cfg.run.compile:
+        for slot in ex.slots:  # each weight version's copy of the stage (copies made before compiling)
+            compile_blocks(slot)
     if part is not None:
         ex.load_state_dict(part["executor"])
         set_rng_state(part["rng"], device)
@@ -71,8 +80,14 @@ def run_rank(cfg: Config, out: str | os.PathLike, resume: bool = False,
     after.t0 = time.perf_counter()
     try:
         ex.run()
+        if gate.stop is not None and gate.stop < end:  # stopped: the state after update K-1 is the step-K part
+            after.checkpoint(ex, gate.stop)
     finally:
         run.close()
+    if gate.stop is not None and gate.stop < end:
+        dist.barrier()  # every stage's part is in place before any rank leaves
+        raise Preempted(f"{gate.cause()}: stopped after update {gate.stop} (a checkpoint in "
+                        f"{checkpoint.step_dir(ckpts.root, gate.stop)}; --resume {out} continues)")
     wall = time.perf_counter() - after.t0
     val = [setup.rows(x, y) for x, y in setup.data.val_batches(cfg.run.eval_batches, cfg.data.batch_size,
                                                                 setup.model_cfg.block_size)]
@@ -93,25 +108,35 @@ class _AfterUpdate:
     """What a rank does after each update of its stage: the writer's metrics line, and the checkpoint
     (the stage's part, written at its own update; ``t0``: when the loop started)."""
 
-    def __init__(self, setup: Setup, run: TrainFolder, ckpts, end: int):
-        self.setup, self.run, self.ckpts, self.end, self.t0 = setup, run, ckpts, end, 0.0
+    def __init__(self, setup: Setup, run: TrainFolder, ckpts, end: int, gate: StopGate):
+        self.setup, self.run, self.ckpts, self.end, self.gate, self.t0 = setup, run, ckpts, end, gate, 0.0
+        self.saved: int | None = None
 
     def __call__(self, ex: StageExecutor, k: int, loss: float | None) -> None:
-        cfg, run, step, elapsed = self.setup.cfg, self.run, k + 1, time.perf_counter() - self.t0
+        cfg, run, step = self.setup.cfg, self.run, k + 1
         if run.writer:
             run.add_loss(loss)
             run.advance()
             if logs_at(step, cfg):
                 run.record(step, tokens=self.setup.tokens(step), lr=ex.opt.param_groups[0]["lr"],
-                           time=run.state["train_time"] + elapsed)
-        if step == self.end or (cfg.run.ckpt_every and step % cfg.run.ckpt_every == 0):
-            self.ckpts.save(step, {"config": cfg.to_dict(), "executor": ex.state_dict(),
-                                   "rng": rng_state(self.setup.device),
-                                   "loop": run.loop_state(elapsed) if run.writer else None})
-            self.ckpts.commit()  # written is good: the pipeline stops before a diverged update
+                           time=run.state["train_time"] + time.perf_counter() - self.t0)
+        if checkpoint_at(step, min(self.end, self.gate.stop or self.end), cfg):  # a stop at K: its step too
+            self.checkpoint(ex, step)
+
+    def checkpoint(self, ex: StageExecutor, step: int) -> None:
+        """The stage's part of ``step`` (once), good as soon as written: the pipeline stops before a
+        diverged update."""
+        if self.saved == step:
+            return
+        elapsed = time.perf_counter() - self.t0
+        self.ckpts.save(step, {"config": self.setup.cfg.to_dict(), "executor": ex.state_dict(),
+                               "rng": rng_state(self.setup.device),
+                               "loop": self.run.loop_state(elapsed) if self.run.writer else None})
+        self.ckpts.commit()
+        self.saved = step
 
 
-def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update) -> StageExecutor:
+def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update, gate=None) -> StageExecutor:
     cfg, mesh, device, d = setup.cfg, setup.mesh, setup.device, setup.cfg.data
     block, seed, rank = setup.model_cfg.block_size, cfg.run.seed, mesh.rank
     shape = (d.batch_size // mesh.D, block, setup.model_cfg.d_model)
@@ -127,7 +152,7 @@ def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update) -> Stag
         # The tied matrix lives on the first and the last stage; their gradients meet before each
         # update (Megatron-LM's embedding group), in a group per replica.
         tied_group=mesh.tied_group if stage.first or stage.last else None,
-        dp_group=mesh.dp_group if mesh.D > 1 else None,
+        dp_group=mesh.dp_group if mesh.D > 1 else None, gate=gate,
     )
 
 
@@ -152,7 +177,14 @@ class _Usage:
 
 
 def _ranks(jobs: list[tuple[dict, str, bool, int | None]]) -> list[dict | None]:
-    return [run_rank(Config.from_dict(c), out, resume, stop) for c, out, resume, stop in jobs]
+    results = []
+    for c, out, resume, stop in jobs:
+        try:
+            results.append(run_rank(Config.from_dict(c), out, resume, stop))
+        except Preempted as err:  # every rank stops at the same update; the later jobs wait
+            results.append({"status": "preempted", "message": str(err)})
+            break
+    return results
 
 
 def _launch(jobs: list[tuple[Config, str | os.PathLike, bool, int | None]]) -> list[dict]:
@@ -163,7 +195,10 @@ def _launch(jobs: list[tuple[Config, str | os.PathLike, bool, int | None]]) -> l
         load_data(cfg)  # tokenized (and cached) once here, not in every rank
         Path(out).mkdir(parents=True, exist_ok=True)
     specs = [(cfg.to_dict(), str(out), resume, stop) for cfg, out, resume, stop in jobs]
-    return launch(_ranks, (specs,), stages=P, dp=D, what="pipeline")[P - 1]  # the last stage of replica 0
+    summaries = launch(_ranks, (specs,), stages=P, dp=D, what="pipeline")[P - 1]  # the last stage of replica 0
+    if summaries and summaries[-1]["status"] == "preempted":
+        raise Preempted(summaries[-1]["message"])
+    return summaries
 
 
 def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
@@ -245,12 +280,16 @@ def _finish(setup: Setup, run: TrainFolder, gathered, start, end, train_time, va
     if coarse:
         steady["idle_fraction"] = steady["bubble"] = None
     tokens = setup.tokens(end)
+    # MFU from the steady state's time per batch (fenced on CUDA: the executor synchronizes its timings)
+    flops, peak = mfu.flops_per_token(setup.model_cfg), mfu.peak_tflops(setup.device, cfg.run.peak_tflops)
+    steady_rate = setup.tokens(1) / steady["seconds_per_batch"] if steady["seconds_per_batch"] else None
     return run.finish({
         "status": "finished" if end == cfg.run.steps else "stopped",
         "val_loss": val_loss, "train_loss": run.state["train_loss"], "steps": end,
         "tokens": tokens, "tokens_per_s": setup.tokens(steps_run) / max(train_time, 1e-9),
         "train_time_s": train_time, **summary_base(cfg), "engine": "pipeline",
         "seconds_per_batch": steady["seconds_per_batch"], "bubble": steady["bubble"],
+        "flops_per_token": flops, "peak_tflops": peak, "mfu": mfu.mfu(steady_rate, flops, P * D, peak),
         "idle_fraction": steady["idle_fraction"], "params": sum(g["params"] for g in ranks), "device": device,
         "backend": dist.get_backend(), "resumed_from": start or None,
         "memory_bytes": [g["memory"] for g in ranks],

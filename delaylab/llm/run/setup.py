@@ -20,7 +20,6 @@ One accounting, for both engines (docs/llm.md, "What a run reports"):
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -32,8 +31,8 @@ from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.distributed.mesh import build_mesh
 from delaylab.llm.distributed.world import barrier, check_world, local_rank, start
-from delaylab.llm.distributed.wrap import check_shardable, replica_rows
-from delaylab.llm.run.folder import TrainFolder
+from delaylab.llm.distributed.wrap import replica_rows
+from delaylab.llm.run.folder import TrainFolder, require_folder
 from delaylab.run_folder import CONFIG
 from delaylab.llm.model import GPT
 
@@ -58,10 +57,11 @@ class Setup:
         if threads:
             torch.set_num_threads(threads)
         self.device = cfg.torch_device(local_rank() if distributed else None)
+        if cfg.run.deterministic:
+            use_deterministic_algorithms()
         self.mesh = None
         if distributed:
             check_world(self.stages, D)
-            check_shardable(cfg)
             start(self.device, cfg.parallel.timeout)
             self.mesh = build_mesh(self.device.type, D, self.stages, cfg.parallel.timeout,
                                    tied=cfg.model_config(256).tie_embeddings)
@@ -86,6 +86,8 @@ class Setup:
         D = self.cfg.parallel.dp
         if D > 1:
             x, y = replica_rows(x, self.replica, D), replica_rows(y, self.replica, D)
+        if self.device.type == "cuda":  # from pinned memory the copy is asynchronous (pageable memory may wait)
+            x, y = x.pin_memory(), y.pin_memory()
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def tokens(self, steps: int) -> int:
@@ -94,10 +96,38 @@ class Setup:
         return steps * d.batch_size * d.grad_accum * self.model_cfg.block_size
 
 
+def use_deterministic_algorithms() -> None:
+    """``--deterministic``, for this process (before its first CUDA matrix product): torch's
+    deterministic algorithms (an error where an operation has none), cuBLAS's fixed workspace
+    (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which torch requires for deterministic cuBLAS on CUDA >=
+    10.2), and an attention backward that is deterministic: flash attention's, which torch runs
+    deterministically under this flag, or the math one; the cuDNN and memory-efficient kernels
+    are switched off. Slower (the deterministic flash backward, the smaller cuBLAS workspace), and
+    what makes a CUDA resume exact as a CPU one is."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+
+
 def logs_at(step: int, cfg: Config) -> bool:
     """Whether update ``step`` gets a metrics line (with the simulator's validation when it has one)."""
     r = cfg.run
     return step % r.log_every == 0 or step % r.eval_every == 0 or step == r.steps
+
+
+def checkpoint_at(step: int, end: int, cfg: Config) -> bool:
+    """Whether update ``step`` of a session that ends at update ``end`` writes a checkpoint: every
+    ``ckpt_every`` updates; at a stop before the last update (the run continues from there); and at
+    the last update with ``ckpt_final`` (by default when ``ckpt_every > 0``)."""
+    r = cfg.run
+    if r.ckpt_every and step % r.ckpt_every == 0:
+        return True
+    if step != end:
+        return False
+    if end < r.steps:
+        return True
+    return r.ckpt_final if r.ckpt_final is not None else r.ckpt_every > 0
 
 
 def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int) -> None:
@@ -105,12 +135,14 @@ def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int)
     launcher checks before any process starts."""
     out = Path(out)
     run = TrainFolder(cfg, out, marks=checkpoint.MARKS)
+    run.check_writable()
     if not resume:
         run.check_new()
         return
     if (out / CONFIG).is_file():
-        run.check_same_run(json.loads((out / CONFIG).read_text()))
-    checkpoint.require_latest(out / checkpoint.ROOT, stages)
+        run.check_same_run(require_folder(out))
+    root = out / checkpoint.ROOT
+    checkpoint.verify(root, checkpoint.require_latest(root, stages), stages)
 
 
 def open_run(setup: Setup, out, *, writer: bool, resume: bool):
@@ -124,6 +156,7 @@ def open_run(setup: Setup, out, *, writer: bool, resume: bool):
         if ckpts.root is None:
             raise ConfigError("resume needs the run's folder")
         step = checkpoint.require_latest(ckpts.root, setup.stages)
+        checkpoint.verify(ckpts.root, step, setup.stages)  # a damaged part: one line naming what is wrong
         part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
         run.check_same_run(part["config"], ckpts.root)
         ckpts.drop_after(step)
