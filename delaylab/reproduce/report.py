@@ -109,14 +109,13 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
     if p.llm is not None:
         best = P.best_sync(p, out)
         grid = P.grid(p, out)
+        longer = [r for rec in P.overhead_plan(p, out, best).values() for r in rec["runs"] if r.variant != P.MAIN]
         cmds.update({
-            "optimizers": llm_commands(grid + P.headline(p, out, best), o),
+            "optimizers": llm_commands(grid + P.headline(p, out, best), o) + llm_commands(longer, o),
             "mitigations": llm_commands(P.mitigations(p, best, out) + P.ef_lrs(p, best, out), o),
             "momentum": llm_commands(P.momentum(p, best, out), o),
             "learning_rate": llm_commands([r for r in grid if r.cell.optimizer in p.llm.lr_sweep], o),
-            "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g]
-                                      + [r for rec in P.overhead_plan(p, out, best).values() for r in rec["runs"]
-                                         if r.variant != P.MAIN], o),
+            "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g], o),
         })
     if p.schedules is not None:
         cmds["schedules"] = llm_commands([r for g in P.schedules(p).values() for r in g], o)

@@ -135,3 +135,99 @@ def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delay
     seeds = sorted(set(plain) & set(fixed))
     ratio, ci = fieller([fixed[s] for s in seeds], [plain[s] for s in seeds])
     return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
+
+
+def fieller_at(num, den, level):
+    """Fieller's interval at a given confidence level (the lr shift uses 97.5% per vertex)."""
+    n = len(num)
+    mx, my = mean(num), mean(den)
+    sxx = sum((x - mx) ** 2 for x in num) / (n - 1)
+    syy = sum((y - my) ** 2 for y in den) / (n - 1)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(num, den)) / (n - 1)
+    q = _student.ppf(0.5 + level / 2, n - 1) ** 2 / n
+    a, b, c = my * my - q * syy, mx * my - q * sxy, mx * mx - q * sxx
+    if a <= 0:
+        return None
+    root = math.sqrt(max(b * b - a * c, 0.0))
+    return [(b - root) / a, (b + root) / a]
+
+
+def _vertex(runs, optimizer, mode, momentum, variant="main"):
+    """The lr grid's optimum: the parabola in log(lr) through the best mean point and its two
+    neighbours (per seed: A_s, B_s of A x^2 + B x + C), vertex -mean(B) / (2 mean(A)), and its
+    Fieller interval at 97.5%; None where the best point is at the grid's edge (censored)."""
+    grid: dict[float, dict[int, float]] = {}
+    for r in select(runs, optimizer=optimizer, mode=mode, momentum=momentum, variant=variant):
+        grid.setdefault(r["lr"], {})[r["seed"]] = math.inf if r["val_loss"] is None else r["val_loss"]
+    lrs = sorted(grid)
+    seeds = sorted(set.intersection(*(set(v) for v in grid.values())))
+    means = [mean([grid[lr][s] for s in seeds]) for lr in lrs]
+    i = min(range(len(lrs)), key=lambda k: means[k])
+    if i in (0, len(lrs) - 1):
+        return None
+    x0, x1, x2 = (math.log(lr) for lr in lrs[i - 1:i + 2])
+    A, B = [], []
+    for s in seeds:
+        y0, y1, y2 = (grid[lr][s] for lr in lrs[i - 1:i + 2])
+        # divided differences: y = y0 + d1 (x - x0) + d2 (x - x0)(x - x1)
+        d1 = (y1 - y0) / (x1 - x0)
+        d2 = ((y2 - y1) / (x2 - x1) - d1) / (x2 - x0)
+        A.append(d2)
+        B.append(d1 - d2 * (x0 + x1))
+    v = -mean(B) / (2 * mean(A))
+    return v, fieller_at([-b / 2 for b in B], A, 0.975)
+
+
+def lr_shift(runs, optimizer, momentum, base="sync", other="delayed"):
+    """``other``'s optimum over ``base``'s (both on the main grid, base seeds), with the
+    Bonferroni combination of the two 97.5% vertex intervals; None where either is censored."""
+    b, o = _vertex(runs, optimizer, base, momentum), _vertex(runs, optimizer, other, momentum)
+    if b is None or o is None:
+        return None
+    ratio = math.exp(o[0] - b[0])
+    if b[1] is None or o[1] is None:
+        return ratio, None
+    return ratio, [math.exp(o[1][0] - b[1][1]), math.exp(o[1][1] - b[1][0])]
+
+
+def difference_of_gaps(runs, first, second, momenta):
+    """``first``'s gap minus ``second``'s at their best sync lrs, paired by seed, with its t interval."""
+    g = {}
+    for opt in (first, second):
+        lr = best_lr(runs, opt, "sync", momenta[opt])
+        g[opt] = gaps(runs, opt, lr, momenta[opt])
+    seeds = sorted(set(g[first]) & set(g[second]))
+    return t_interval([g[first][s] - g[second][s] for s in seeds])
+
+
+def recovery_at_best(runs, optimizer, momentum, fix, variant):
+    """A mitigation's recovered share at the best sync lr: its runs under ``variant`` (e.g.
+    ``sync-start-30``) against sync and delayed of the main grid, paired by seed; Fieller."""
+    lr = best_lr(runs, optimizer, "sync", momentum)
+    g = gaps(runs, optimizer, lr, momentum)
+    sync = by_seed(runs, optimizer=optimizer, mode="sync", lr=lr, momentum=momentum, variant="main")
+    mine = by_seed(runs, optimizer=optimizer, mode=fix, lr=lr, momentum=momentum, variant=variant)
+    seeds = sorted(set(g) & set(mine))
+    ratio, ci = fieller([mine[s] - sync[s] for s in seeds], [g[s] for s in seeds])
+    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
+
+
+def schedule_difference(runs, optimizer, lr, momentum, depth, variant="main", twobw_mode="delayed"):
+    """PipeDream at ``depth`` minus 2BW (the plain delayed run), paired by seed, t interval."""
+    twobw = by_seed(runs, optimizer=optimizer, mode=twobw_mode, lr=lr, momentum=momentum, variant=variant)
+    pd = by_seed(runs, optimizer=optimizer, mode=f"pipedream-{depth}", lr=lr, momentum=momentum)
+    seeds = sorted(set(twobw) & set(pd))
+    return t_interval([pd[s] - twobw[s] for s in seeds])
+
+
+def tuned_gap(runs, optimizer, momentum):
+    """{seed: delayed at its best lr - sync at its best lr} at one momentum (main grid)."""
+    s_lr, d_lr = best_lr(runs, optimizer, "sync", momentum), best_lr(runs, optimizer, "delayed", momentum)
+    return gaps(runs, optimizer, d_lr, momentum, "delayed", s_lr)
+
+
+def momentum_change(runs, optimizer, low, high):
+    """The tuned gap at ``high`` momentum minus at ``low``, paired by seed, with its t interval."""
+    a, b = tuned_gap(runs, optimizer, low), tuned_gap(runs, optimizer, high)
+    seeds = sorted(set(a) & set(b))
+    return t_interval([b[s] - a[s] for s in seeds])
