@@ -257,13 +257,11 @@ _TOY_FULL = ToyGrid(problems=("logdet", "matrix-sensing"), methods=("lmo-spectra
 # layers, twice the time) without the single correctors (time: the preset was sized on a shared machine,
 # docs/beyond.md "Delay axis").
 _DELAY_SETTINGS = (
-    DelaySetting("tau-1", 1), DelaySetting("tau-2", 2, seeds=3), DelaySetting("tau-4", 4, seeds=3),
-    DelaySetting("tau-8", 8),
-    DelaySetting("pipedream-4", (3, 2, 1, 0), seeds=3),
-    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, modes=("delayed", "ef+predict"),
-                 seeds=3),
-    DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",), seeds=3),
-    DelaySetting("uniform-0-4", delay_dist="uniform:0-4", seeds=3),
+    DelaySetting("tau-1", 1), DelaySetting("tau-2", 2), DelaySetting("tau-4", 4), DelaySetting("tau-8", 8),
+    DelaySetting("pipedream-4", (3, 2, 1, 0)),
+    DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, modes=("delayed", "ef+predict")),
+    DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",)),
+    DelaySetting("uniform-0-4", delay_dist="uniform:0-4"),
 )
 
 PRESETS: dict[str, Preset] = {
@@ -363,9 +361,8 @@ PRESETS: dict[str, Preset] = {
                 "Muon x none / EF / weight prediction / EF + prediction at tau = 1, 2, 4, 8, PipeDream's per-stage "
                 "delays at P = 4 and 8 (P = 8 and its 2BW comparison on an 8-layer small GPT) and a random delay "
                 "uniform on {0..4} (mean 2); sync's lr and every mode's tuned at tau = 1 and 8 (2-seed grids "
-                "grown at an edge), interpolated in log tau elsewhere; 4 seeds per cell at tau = 1 and 8, 3 at the "
-                "other settings; iso-loss overhead of the delayed runs at tau = 1 and 8 (2 seeds, runs up to 4x as "
-                "long)",
+                "grown at an edge), interpolated in log tau elsewhere; 4 seeds per cell; iso-loss overhead "
+                "of the delayed runs at tau = 1 and 8 (2 seeds, runs up to 4x as long)",
         llm=None, schedules=None, toy=None,
         delays=DelayGrid(
             # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (check_protocol);
@@ -379,8 +376,8 @@ PRESETS: dict[str, Preset] = {
             seeds=4, scan_seeds=2, lr_extend=2,
             overhead=("tau-1", "tau-8"), overhead_seeds=2, overhead_lengths=(2, 4),
         ),
-        notes=("sized for a shared machine (2 cores at load 7-8): lr grids decided on 2 seeds, 3 seeds (not 4) at "
-               "tau = 2, 4, PipeDream and the random delay, P = 8 without the single correctors, and the iso-loss "
+        notes=("sized for 90 min on 2 cores: lr grids decided on 2 seeds, P = 8 without the single correctors, "
+               "and the iso-loss "
                "overhead of the delayed runs (no corrector) of seeds 0 and 1 at tau = 1 and 8 only",),
     ),
     "ci-delays": Preset(
