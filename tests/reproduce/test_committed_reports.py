@@ -1,0 +1,91 @@
+"""The committed reports (docs/reproduce/<preset>/) are recomputed from their own ``runs.jsonl`` by
+tests/reproduce/recompute.py (plain Python, no delaylab), and the README and docs/reproduction.md
+quote those recomputed numbers: a report regenerated without updating the docs, or a doc edited by
+hand, fails here."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import recompute as R  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = sorted(p.parent for p in (ROOT / "docs" / "reproduce").glob("*/report.json")
+                 if (p.parent / "runs.jsonl").exists())
+MOMENTUM = {"adamw": 0.9, "muon": 0.95}
+
+
+def _close(a, b, tol=1e-9):
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def _same_interval(a, b):
+    return (a is None and b is None) or (a is not None and b is not None and all(map(_close, a, b)))
+
+
+def recomputed(folder: Path) -> dict[str, str]:
+    """Check every headline number of ``folder/report.json`` against ``runs.jsonl`` and return the
+    strings the docs quote, keyed by what they are (a gap: ``+0.123 [+0.045, +0.201]``; a share:
+    ``42% [30, 55]``)."""
+    rep = json.loads((folder / "report.json").read_text())
+    runs = R.load(folder / rep["runs_file"])
+    parts = {p["key"]: p for p in rep["parts"]}
+    quoted = {}
+    if "optimizers" in parts:
+        for row in parts["optimizers"]["rows"]:
+            m, ci = R.gap_at_best_sync_lr(runs, row["optimizer"], row["momentum"])
+            assert _close(m, row["gap"]["mean"]) and _same_interval(ci, row["gap"]["ci"]), row["optimizer"]
+            quoted[f"{row['optimizer']} gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    if "mitigations" in parts:
+        for row in parts["mitigations"]["rows"]:
+            value, ci = R.ef_recovery(runs, row["optimizer"], row["momentum"])
+            rec = row["ef_recovered"]
+            assert _close(value, rec["ratio_of_means"]) and _same_interval(ci, rec["ci"]), row["optimizer"]
+            quoted[f"{row['optimizer']} ef"] = f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
+        for t in parts["mitigations"]["ef_tuned"]:
+            value, ci = R.ef_recovery(runs, t["optimizer"], MOMENTUM[t["optimizer"]], tuned=True)
+            assert _close(value, t["recovered"]) and _same_interval(ci, t["ci"]), t["optimizer"]
+            quoted[f"{t['optimizer']} ef tuned"] = f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
+                                                                       " (unbounded)")
+    if "scale" in parts:
+        for e in parts["scale"]["rows"]:
+            for opt, st in e["optimizers"].items():
+                m, ci = R.axis_gap(runs, opt, e["size"], e["tokens_per_param"], MOMENTUM[opt])
+                assert _close(m, st["gap"]["mean"]) and _same_interval(ci, st["gap"]["ci"]), (opt, e["size"])
+                quoted[f"{opt} {e['size']} {e['tokens_per_param']:g}"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    if "toy" in parts:
+        held, n = R.toy_holds(runs)
+        assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
+        quoted["toy"] = f"{held}/{n}"
+    if "delays" in parts:
+        for row in parts["delays"]["rows"]:
+            sync_variant = row["runs"]["sync"][0].split("/")[1]  # llm/<variant>/cells/<run>
+            per, (m, ci) = R.delay_gap(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
+                                       sync_variant)
+            assert _close(m, row["gap"]["mean"], 1e-12) and _same_interval(ci, row["gap"]["ci"])
+            quoted[f"{row['optimizer']} {row['setting']} {row['mode']} gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            if "recovered" in row:
+                rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
+                                            sync_variant)
+                assert _close(rec, row["recovered"]["ratio_of_means"]) and _same_interval(rci, row["recovered"]["ci"])
+    return quoted
+
+
+@pytest.mark.skipif(not REPORTS, reason="no committed report with runs.jsonl")
+@pytest.mark.parametrize("folder", REPORTS, ids=[p.name for p in REPORTS])
+def test_a_committed_report_is_its_runs_jsonl(folder):
+    quoted = recomputed(folder)
+    assert quoted
+    # the docs quote the recomputed numbers (those they quote are listed in the report's folder)
+    wanted = folder / "quoted.json"
+    if wanted.exists():
+        for doc, keys in json.loads(wanted.read_text()).items():
+            text = (ROOT / doc).read_text()
+            for key in keys:
+                assert quoted[key] in text, f"{doc} does not quote {key} = {quoted[key]}"
