@@ -74,6 +74,8 @@ def recomputed(folder: Path) -> dict[str, str]:
                 rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
                                             sync_variant)
                 assert _close(rec, row["recovered"]["ratio_of_means"]) and _same_interval(rci, row["recovered"]["ci"])
+                quoted[f"{row['optimizer']} {row['setting']} {row['mode']} recovers"] = (
+                    f"{rec:.0f}%" + (f" [{rci[0]:.0f}, {rci[1]:.0f}]" if rci else " (unbounded)"))
     return quoted
 
 
