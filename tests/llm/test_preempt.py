@@ -73,7 +73,9 @@ def test_ranks_agree_on_the_stop_and_none_begins_an_update_past_it(tmp_path):
         assert all(g.stop == K for g in gates) or K >= H
         assert all(r == list(range(min(K, H))) for r in ran), (K, ran)
         stopped += K < H
-    assert stopped >= 30  # most trials stop mid-run (the others: K past the end, nothing to stop)
+    # Half the trials at least must stop mid-run, or the test checks nothing (the others: K past the
+    # end, nothing to stop). A quiet machine stops 35-40 of 40; one at load 12 on 2 cores stopped 28.
+    assert stopped >= 20
 
 
 def _weights(engine: str, out) -> dict:
