@@ -4,9 +4,9 @@ a second signal exits at once (128 + signal) with the last good checkpoint intac
 
 Counts: in CI the simulator is stopped in-process by each of the three signals at a random update, a
 2-stage pipeline (a signal to one of its ranks) and a 2-stage x 2-replica run (a signal to the launcher)
-once each in a subprocess at a random moment, and the simulator's second signal; ``-m slow`` adds five
-random moments per engine (the simulator, ``--dp 2``, the pipeline, DP x PP; the signal, the moment and
-the receiver drawn: the launcher, its whole process group, or one rank) and the pipeline's second
+once each in a subprocess at a random moment, and the simulator's second signal; ``-m slow`` adds six
+random moments per engine (the simulator, ``--dp 2``, the pipeline, DP x PP: five SIGTERMs and one
+SIGUSR1 or SIGINT; the moment and the receiver drawn: the launcher, its whole process group, or one rank) and the pipeline's second
 signal. The agreement protocol itself is checked with four rank threads on one store over 40 random
 interleavings.
 """
@@ -170,11 +170,12 @@ def _ranks(pid: int) -> list[int]:
     return [p for p in _descendants(pid) if "spawn_main" in cmdline(p)]
 
 
-def _interrupt(engine: str, out, rng: random.Random, who: str | None = None) -> tuple[int, str, str]:
-    """Start the engine's run, send a random one of the three signals at a random moment (after a
-    random number of logged updates) to ``who`` (the launcher, its process group, one rank), and
-    return (exit code, what got the signal, stderr's last line)."""
-    sig = rng.choice(SIGNALS)
+def _interrupt(engine: str, out, rng: random.Random, who: str | None = None,
+               sig: signal.Signals | None = None) -> tuple[int, str, str]:
+    """Start the engine's run, send ``sig`` (default: a random one of the three signals) at a random
+    moment (after a random number of logged updates) to ``who`` (the launcher, its process group, one
+    rank), and return (exit code, what got the signal, stderr's last line)."""
+    sig = sig or rng.choice(SIGNALS)
     who = who or rng.choice(["launcher"] if engine == "simulator" else ["launcher", "group", "rank"])
     lines = rng.randrange(0, 25)
     proc = subprocess.Popen([sys.executable, "-m", "delaylab", "llm", *ENGINES[engine], *TINY, "--out", str(out)],
@@ -224,8 +225,9 @@ def _resume_beside_the_reference(engine: str, out, reference) -> None:
     assert [s["status"] for s in summaries] == ["finished", "finished"]
 
 
-def _check_interrupted(engine: str, out, reference, rng: random.Random, who: str | None = None) -> None:
-    code, what, last = _interrupt(engine, out, rng, who)
+def _check_interrupted(engine: str, out, reference, rng: random.Random, who: str | None = None,
+                       sig: signal.Signals | None = None) -> None:
+    code, what, last = _interrupt(engine, out, rng, who, sig)
     print(f"{engine}: {what}: exit {code}: {last}", file=sys.__stderr__, flush=True)  # the table, uncaptured
     if code == 0:  # the run ended before the signal: nothing to resume, the run is the reference's
         _same_run(engine, out, reference(engine))
@@ -251,10 +253,11 @@ def test_a_signal_at_a_random_moment_stops_every_rank_at_one_update_and_the_resu
 @pytest.mark.dist
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("engine", sorted(ENGINES))
-def test_five_random_moments_per_engine(engine, reference, tmp_path, capsys):
+def test_five_sigterms_per_engine_at_random_moments(engine, reference, tmp_path, capsys):
+    """Five SIGTERMs (what a scheduler sends) and one SIGUSR1 or SIGINT, each at a random moment."""
     rng = random.Random(f"{engine}-slow")
-    for i in range(5):
-        _check_interrupted(engine, tmp_path / f"run{i}", reference, rng)
+    for i, sig in enumerate([signal.SIGTERM] * 5 + [rng.choice(SIGNALS[1:])]):
+        _check_interrupted(engine, tmp_path / f"run{i}", reference, rng, sig=sig)
     capsys.readouterr()
 
 
