@@ -289,3 +289,32 @@ def test_fuzzed_command_lines_exit_0_or_2_in_one_line_and_write_only_their_out(n
 @pytest.mark.parametrize("names", COMMANDS, ids=" ".join)
 def test_fuzzed_command_lines_slow_profile(names, world, tmp_path_factory):
     _fuzz(names, world, tmp_path_factory, SLOW_EXAMPLES, slow=True, derandomize=False)
+
+
+_ADVISE = ["llm", "advise", "--preset", "tiny", "--batch-size", "2", "--block-size", "16"]
+_TRAIN = ["llm", "train", "--preset", "tiny", "--steps", "2", "--batch-size", "2", "--block-size", "16",
+          "--eval-batches", "1", "--threads", "1", "--progress", "false", "--out", "OUT/run"]
+# Each command line the fuzzer once broke (commits 2441394, 2cdf12e, 4f0ed72), with the exit code it
+# has now: 1 only for a documented divergence stop.
+FOUND = [
+    ([*_ADVISE, "--forward", "1", "--backward", "2", "--overhead", "0"], 2),
+    ([*_ADVISE, "--forward", "0", "--backward", "0"], 2),
+    ([*_ADVISE, "--forward", "1", "--backward", "2", "--figure", "OUT/f.xyz"], 2),
+    ([*_ADVISE, "--forward", "1", "--backward", "2", "--figure", "OUT/missing/f.png"], 0),
+    ([*_TRAIN, "--device", "meta"], 2),
+    ([*_TRAIN, "--lr", "1e38"], 1),
+    ([*_TRAIN, "--delay", "1", "--correction", "dc-asgd", "--dc-lambda", "1e308"], 1),
+    ([*_TRAIN, "--moe-experts", "2", "--moe-aux-loss-coef", "1e308"], 1),
+    ([*_TRAIN, "--moe-experts", "2", "--moe-capacity-factor", "1e308"], 0),
+    (["theory", "pep", "--T", "2", "--eta", "1e308"], 2),
+    (["theory", "pep", "--T", "2", "--eta", "0.1", "--L", "1e-12"], 2),
+    (["theory", "tune", "--L", "1", "--sigma", "1", "--T", "100", "--G0", "1", "--Delta", "0"], 2),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("argv,code", FOUND, ids=[" ".join(a[:2] + a[-2:]) for a, _ in FOUND])
+def test_what_the_fuzzer_found_stays_fixed(argv, code, world, tmp_path):
+    record = []
+    _check(None, argv, tmp_path, world, record)
+    assert record[0][1] == code, record
