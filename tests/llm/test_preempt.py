@@ -185,7 +185,11 @@ def _interrupt(engine: str, out, rng: random.Random, who: str | None = None,
         metrics, deadline = out / "metrics.jsonl", time.time() + 240
         while proc.poll() is None and time.time() < deadline:
             logged = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
-            if logged >= lines and (who != "rank" or len(_ranks(proc.pid)) == 2 * (engine == "dp-x-pp") + 2):
+            # a moment of the run: once config.json is written, every engine's handlers are in place
+            # (before it, during start-up, a signal has its default action: nothing has run)
+            started = (out / "config.json").is_file()
+            ranks_up = who != "rank" or len(_ranks(proc.pid)) == 2 * (engine == "dp-x-pp") + 2
+            if started and logged >= lines and ranks_up:
                 break
             time.sleep(0.05)
         if who == "launcher":
