@@ -196,8 +196,10 @@ def test_a_killed_replica_ends_the_run_with_one_line_naming_it(tmp_path):
         assert time.time() - killed < 60
         assert proc.returncode == 1, err
         last = err.strip().splitlines()[-1]
-        assert re.match(r"delaylab: error: data-parallel run stopped: rank [01] ended first \(killed by signal 9\)",
-                        last), err
+        # Which report comes first is a race: the agent's view of the killed rank (signal 9), or the
+        # survivor's, whose collective lost its peer (seen on a fresh-clone CI run). Both name a rank.
+        assert re.match(r"delaylab: error: data-parallel run stopped: rank [01] (ended first \(killed by signal 9\)"
+                        r"|failed \(seen by rank [01]: )", last), err
     finally:
         if proc.poll() is None:
             proc.kill()
