@@ -27,9 +27,8 @@ from pathlib import Path
 from delaylab.llm import metrics
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
-from delaylab.reproduce import verdicts as V
-from delaylab.reproduce.findings import (_ci, _fmt, _issues, by_lr, part_states, qualitative, stats, theory_number,
-                                         verdict)
+from delaylab.reproduce.findings import (_ci, _fmt, _issues, by_lr, part_states, pipedream_verdict, qualitative, stats,
+                                         theory_number, verdict)
 from delaylab.reproduce.presets import Preset
 
 TITLE = "The delay axis: gap, recovery and overhead against tau"
@@ -173,18 +172,10 @@ def _schedule_verdicts(p: Preset, by: dict, data: dict) -> list[dict]:
             if ref is None or (ref.name, opt, "delayed") not in by:
                 continue
             diff = stats(_gap_values(data[(ref.name, opt, "delayed")], data[(s.name, opt, "delayed")]))
-            depth = len(s.delay)
             issues = by[(s.name, opt, "delayed")]["issues"] + by[(ref.name, opt, "delayed")]["issues"]
             measured = (f"PipeDream - 2BW = {_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds "
                         f"({ref.name} vs {s.name})")
-            if depth >= 4:
-                sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", diff["ci"], (0, None), 0.0, issues=issues,
-                             measured=diff["mean"])
-                out.append(verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {list(s.delay)})",
-                                   "paper: PipeDream - 2BW > 0", measured, sc))
-            else:
-                out.append(verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream", "no paper claim at this depth",
-                                   measured, line=f"{opt}, depth {depth} (no paper claim at this depth): {measured}."))
+            out.append(pipedream_verdict(opt, list(s.delay), diff, measured, issues))
     return out
 
 

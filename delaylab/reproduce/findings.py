@@ -544,6 +544,19 @@ def learning_rate(p: Preset, out: Path) -> dict:
 # -- 5: schedules ----------------------------------------------------------------------------------
 
 
+def pipedream_verdict(opt: str, delays: list[int], diff: dict, measured: str, issues) -> dict:
+    """The paper's claim, 2BW (tau = 1) beats PipeDream's per-stage ``delays``, scored on ``diff``
+    (PipeDream - 2BW, paired by seed) at depth >= 4, the depths the paper reports; below, a note."""
+    depth = len(delays)
+    if depth < 4:
+        return verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream (tau = {delays})", "no paper claim at this depth",
+                       measured, line=f"{opt}, depth {depth} (no paper claim at this depth): {measured}.")
+    sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", diff["ci"], (0, None), 0.0, issues=issues,
+                 measured=diff["mean"])
+    return verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {delays})",
+                   "paper: PipeDream - 2BW > 0", measured, sc)
+
+
 def schedules(p: Preset, out: Path) -> dict:
     groups = P.schedules(p)
     rows = P.records(out, [r for g in groups.values() for r in g])
@@ -580,15 +593,7 @@ def schedules(p: Preset, out: Path) -> dict:
             issues = _issues(sel)
             measured = f"PipeDream - 2BW = {_fmt(vs['mean'])} {_ci(vs)} over {vs['n']} seeds; gap ratio " \
                        f"{_fmt(ratio['ratio'], '.2f')} {_ci(ratio, '.2f')} (sketch: mean tau {row['mean_delay']:.2f})"
-            if depth >= 4:
-                sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", vs["ci"], (0, None), 0.0, issues=issues,
-                             measured=vs["mean"])
-                verdicts.append(verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {delays})",
-                                        "paper: PipeDream - 2BW > 0", measured, sc))
-            else:
-                verdicts.append(verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream (tau = {delays})",
-                                        "no paper claim at this depth", measured,
-                                        line=f"{opt}, depth {depth} (no paper claim at this depth): {measured}."))
+            verdicts.append(pipedream_verdict(opt, delays, vs, measured, issues))
     headline = "PipeDream - 2BW val loss: " + "; ".join(
         f"{r['optimizer']} depth {len(r['delays'])} {_fmt(r['vs_2bw']['mean'])} {_ci(r['vs_2bw'])}"
         for r in table if "vs_2bw" in r)
