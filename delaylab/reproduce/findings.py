@@ -323,7 +323,8 @@ def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
     return {"optimizer": opt, "sync_lr": delayed["sync_lr"], "delayed_lr": delayed["lr"], "ef_lr": ef["lr"],
             "delayed_gap": delayed["gap"], "ef_gap": ef["gap"], "censored": censored, "n": ratio["n"],
             "recovered": None if ratio["ratio"] is None else 100 * (1 - ratio["ratio"]),
-            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces, "issues": _issues(sel)}
+            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces,
+            "issues": _issues([r for r in sel if (r["optimizer"], r["momentum"]) == (opt, mom)])}
 
 
 def mitigations(p: Preset, out: Path) -> dict:

@@ -29,6 +29,10 @@ def _same_interval(a, b):
     return (a is None and b is None) or (a is not None and b is not None and all(map(_close, a, b)))
 
 
+def _share(value, ci) -> str:
+    return f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
+
+
 def recomputed(folder: Path) -> dict[str, str]:
     """Check every headline number of ``folder/report.json`` against ``runs.jsonl`` and return the
     strings the docs quote, keyed by what they are (a gap: ``+0.123 [+0.045, +0.201]``; a share:
@@ -42,7 +46,19 @@ def recomputed(folder: Path) -> dict[str, str]:
             m, ci = R.gap_at_best_sync_lr(runs, row["optimizer"], row["momentum"])
             assert _close(m, row["gap"]["mean"]) and _same_interval(ci, row["gap"]["ci"]), row["optimizer"]
             quoted[f"{row['optimizer']} gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    diff = (parts.get("optimizers") or {}).get("adamw_vs_muon")
+    if diff:
+        m, ci = R.difference_of_gaps(runs, "adamw", "muon", MOMENTUM)
+        assert _close(m, diff["at_sync_lr"]["mean"]) and _same_interval(ci, diff["at_sync_lr"]["ci"])
+        quoted["adamw - muon gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
     if "mitigations" in parts:
+        for row in parts["mitigations"]["rows"]:
+            if "sync-start_recovered" in row:
+                variant = row["runs"]["sync-start"][0].split("/")[1]
+                value, ci = R.recovery_at_best(runs, row["optimizer"], row["momentum"], "sync-start", variant)
+                rec = row["sync-start_recovered"]
+                assert _close(value, rec["ratio_of_means"]) and _same_interval(ci, rec["ci"]), row["optimizer"]
+                quoted[f"{row['optimizer']} sync-start"] = _share(value, ci)
         for row in parts["mitigations"]["rows"]:
             value, ci = R.ef_recovery(runs, row["optimizer"], row["momentum"])
             rec = row["ef_recovered"]
@@ -53,6 +69,30 @@ def recomputed(folder: Path) -> dict[str, str]:
             assert _close(value, t["recovered"]) and _same_interval(ci, t["ci"]), t["optimizer"]
             quoted[f"{t['optimizer']} ef tuned"] = f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
                                                                        " (unbounded)")
+    if "momentum" in parts:
+        for opt, change in parts["momentum"]["changes"].items():
+            moms = [r["momentum"] for r in parts["momentum"]["rows"] if r["optimizer"] == opt]
+            m, ci = R.momentum_change(runs, opt, moms[0], moms[-1])
+            assert _close(m, change["mean"]) and _same_interval(ci, change["ci"]), opt
+            quoted[f"{opt} momentum change"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    if "learning_rate" in parts:
+        for opt, optima in parts["learning_rate"]["optima"].items():
+            got, shift = R.lr_shift(runs, opt, MOMENTUM[opt]), optima["delayed"]
+            if shift["censored"]:
+                assert got is None, opt
+                quoted[f"{opt} lr shift"] = "censored"
+                continue
+            assert _close(got[0], shift["ratio"]) and _same_interval(got[1], shift["ci"]), opt
+            quoted[f"{opt} lr shift"] = f"x{got[0]:.2g}" + (f" [{got[1][0]:.2g}, {got[1][1]:.2g}]" if got[1] else "")
+    if "schedules" in parts:
+        for row in parts["schedules"]["rows"]:
+            if "vs_2bw" not in row:
+                continue
+            depth = len(row["delays"])
+            m, ci = R.schedule_difference(runs, row["optimizer"], row["lr"], MOMENTUM[row["optimizer"]], depth,
+                                          variant="sched", twobw_mode="2bw")
+            assert _close(m, row["vs_2bw"]["mean"]) and _same_interval(ci, row["vs_2bw"]["ci"]), row["schedule"]
+            quoted[f"{row['optimizer']} pipedream-{depth} - 2bw"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
     if "scale" in parts:
         for e in parts["scale"]["rows"]:
             for opt, st in e["optimizers"].items():

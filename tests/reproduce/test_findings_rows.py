@@ -29,3 +29,15 @@ def test_tuned_recovery_keeps_each_optimizers_runs_where_lr_grids_overlap():
     assert (got["sync_lr"], got["delayed_lr"], got["ef_lr"]) == (1e-3, 1e-3, 2e-3)
     assert got["recovered"] == pytest.approx(100 * (1 - ef_gap / gap), rel=1e-12)
     assert got["delayed_gap"]["n"] == got["ef_gap"]["n"] == 3
+
+
+def test_tuned_recovery_carries_only_its_own_optimizers_protocol_issues():
+    """Regression (cpu-small v3): AdamW's and Muon's each-mode-tuned EF verdicts were made
+    undetermined by Lion's and Adan's protocol breaches, read from every optimizer's rows."""
+    rows = [{**_row("adamw", m, lr, s, 2.0 + (m != "sync") * (0.2 - 0.1 * (m == "ef")) + s / 10 + lr, 0.9),
+             "issues": []} for m in ("sync", "delayed", "ef") for lr in (1e-3, 2e-3) for s in range(3)]
+    lion_issue = "lion momentum 0.99 needs 1000 updates after warmup, has 285"
+    rows += [{**_row("lion", m, lr, s, 3.0, None), "issues": [lion_issue]}
+             for m in ("sync", "delayed", "ef") for lr in (1e-3, 2e-3) for s in range(3)]
+    assert findings._tuned_recovery(rows, "adamw", 0.9)["issues"] == []
+    assert findings._tuned_recovery(rows, "lion", None)["issues"] == [lion_issue]
