@@ -231,3 +231,49 @@ def momentum_change(runs, optimizer, low, high):
     a, b = tuned_gap(runs, optimizer, low), tuned_gap(runs, optimizer, high)
     seeds = sorted(set(a) & set(b))
     return t_interval([b[s] - a[s] for s in seeds])
+
+
+def base_seeds(runs, optimizer, mode, momentum, variant="main") -> list[int]:
+    """The seeds every lr of the grid has (those the best lr is decided on)."""
+    grid: dict[float, set] = {}
+    for r in select(runs, optimizer=optimizer, mode=mode, momentum=momentum, variant=variant):
+        grid.setdefault(r["lr"], set()).add(r["seed"])
+    return sorted(set.intersection(*grid.values()))
+
+
+def iso_loss(sync_curve, other_curve):
+    """Tokens ``other`` needs to reach sync's final val loss, over sync's tokens (linear between
+    validations; the first point that reaches it counts); None where it never does."""
+    t_sync, target = sync_curve[-1]
+    for i, (t, v) in enumerate(other_curve):
+        if v <= target:
+            if i == 0:
+                return t / t_sync
+            t0, v0 = other_curve[i - 1]
+            return (t0 + (v0 - target) / (v0 - v) * (t - t0)) / t_sync
+    return None
+
+
+def overhead(runs, optimizer, mode, momentum, lengths=(1.5, 2, 4)):
+    """The iso-loss overhead at the best sync lr over the base seeds: per seed the 1x run, else the
+    first of the longer runs (``length-<k>x`` folders) that reaches sync's final loss; mean and t
+    interval where every seed reached it, else None."""
+    lr = best_lr(runs, optimizer, "sync", momentum)
+    values = []
+    for s in base_seeds(runs, optimizer, "sync", momentum):
+        sync = select(runs, optimizer=optimizer, mode="sync", lr=lr, momentum=momentum, seed=s, variant="main")[0]
+        value = None
+        for variant in ["main"] + [f"length-{k:g}x" for k in lengths]:
+            other = select(runs, optimizer=optimizer, mode=mode, lr=lr, momentum=momentum, seed=s, variant=variant)
+            if other and (value := iso_loss(sync["val_curve"], other[0]["val_curve"])) is not None:
+                break
+        values.append(value)
+    return None if None in values else t_interval(values)
+
+
+def ef_recovery_at(runs, optimizer, lr, momentum, seeds):
+    """EF's recovered share (%) at one lr over ``seeds`` (main grid), with Fieller's interval."""
+    g, e = gaps(runs, optimizer, lr, momentum), gaps(runs, optimizer, lr, momentum, "ef")
+    seeds = sorted(set(g) & set(e) & set(seeds))
+    ratio, ci = fieller([e[s] for s in seeds], [g[s] for s in seeds])
+    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]

@@ -46,11 +46,25 @@ def recomputed(folder: Path) -> dict[str, str]:
             m, ci = R.gap_at_best_sync_lr(runs, row["optimizer"], row["momentum"])
             assert _close(m, row["gap"]["mean"]) and _same_interval(ci, row["gap"]["ci"]), row["optimizer"]
             quoted[f"{row['optimizer']} gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    if "optimizers" in parts:
+        for row in parts["optimizers"]["rows"]:
+            for mode, o in row["overhead"].items():
+                got = R.overhead(runs, row["optimizer"], mode, row["momentum"])
+                if o["ci"] is None:
+                    assert got is None, (row["optimizer"], mode)
+                    continue
+                assert _close(got[0], o["mean"]) and _same_interval(got[1], o["ci"]), (row["optimizer"], mode)
+                quoted[f"{row['optimizer']} {mode} overhead"] = f"{got[0]:.2f} [{got[1][0]:.2f}, {got[1][1]:.2f}]"
     diff = (parts.get("optimizers") or {}).get("adamw_vs_muon")
     if diff:
         m, ci = R.difference_of_gaps(runs, "adamw", "muon", MOMENTUM)
         assert _close(m, diff["at_sync_lr"]["mean"]) and _same_interval(ci, diff["at_sync_lr"]["ci"])
         quoted["adamw - muon gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+        g = {o: R.gaps(runs, o, R.best_lr(runs, o, "sync", MOMENTUM[o]), MOMENTUM[o]) for o in ("adamw", "muon")}
+        seeds = sorted(set(g["adamw"]) & set(g["muon"]))
+        ratio, rci = R.fieller([g["adamw"][s] for s in seeds], [g["muon"][s] for s in seeds])
+        assert _close(ratio, diff["ratio"]["ratio"]) and _same_interval(rci, diff["ratio"]["ci"])
+        quoted["adamw / muon gap ratio"] = f"{ratio:.2g}" + (f" [{rci[0]:.2g}, {rci[1]:.2g}]" if rci else "")
     if "mitigations" in parts:
         for row in parts["mitigations"]["rows"]:
             if "sync-start_recovered" in row:
@@ -64,6 +78,12 @@ def recomputed(folder: Path) -> dict[str, str]:
             rec = row["ef_recovered"]
             assert _close(value, rec["ratio_of_means"]) and _same_interval(ci, rec["ci"]), row["optimizer"]
             quoted[f"{row['optimizer']} ef"] = f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
+        for e in parts["mitigations"]["ef_by_lr"]:
+            seeds = {int(f.rsplit("_s", 1)[1]) for f in e["runs"]["ef"]}
+            value, ci = R.ef_recovery_at(runs, e["optimizer"], e["lr"], MOMENTUM[e["optimizer"]], seeds)
+            rec = e["recovered"]
+            assert _close(value, rec["ratio_of_means"]) and _same_interval(ci, rec["ci"]), (e["optimizer"], e["lr"])
+            quoted[f"{e['optimizer']} ef at {e['lr']:g}"] = _share(value, ci)
         for t in parts["mitigations"]["ef_tuned"]:
             value, ci = R.ef_recovery(runs, t["optimizer"], MOMENTUM[t["optimizer"]], tuned=True)
             assert _close(value, t["recovered"]) and _same_interval(ci, t["ci"]), t["optimizer"]
