@@ -105,12 +105,16 @@ def recomputed(folder: Path) -> dict[str, str]:
             assert _close(got[0], shift["ratio"]) and _same_interval(got[1], shift["ci"]), opt
             quoted[f"{opt} lr shift"] = f"x{got[0]:.2g}" + (f" [{got[1][0]:.2g}, {got[1][1]:.2g}]" if got[1] else "")
     if "schedules" in parts:
+        folders = {r["folder"]: r for r in runs if r.get("kind", "gpt") == "gpt"}
         for row in parts["schedules"]["rows"]:
             if "vs_2bw" not in row:
                 continue
+            # 2BW's runs are a folder of their own (cpu-small) or the main grid's delayed runs (cpu-quick)
+            twobw = next(folders[r["runs"]["2bw"][0]] for r in parts["schedules"]["rows"]
+                         if r["optimizer"] == row["optimizer"] and r["schedule"] == "2bw")
             depth = len(row["delays"])
             m, ci = R.schedule_difference(runs, row["optimizer"], row["lr"], MOMENTUM[row["optimizer"]], depth,
-                                          variant="sched", twobw_mode="2bw")
+                                          variant=twobw["variant"], twobw_mode=twobw["mode"])
             assert _close(m, row["vs_2bw"]["mean"]) and _same_interval(ci, row["vs_2bw"]["ci"]), row["schedule"]
             quoted[f"{row['optimizer']} pipedream-{depth} - 2bw"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
     if "scale" in parts:
