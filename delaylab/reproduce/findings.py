@@ -310,10 +310,10 @@ def _recovered(rows: list[dict], fix: str) -> dict:
 def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
     """EF's recovery with every mode at its own best lr (decided on ``seeds``): 100 (1 - mean EF gap /
     mean delayed gap), gaps paired by seed against sync at its best lr; Fieller's set."""
-    # one row per run: a run read twice (main grid and EF lrs) counts once; other optimizers' rows
-    # at the same lr are different runs (the key names the optimizer and momentum)
-    sel = list({(r["optimizer"], r["momentum"], r["mode"], r["lr"], r["seed"]): r for r in rows
-                if r["mode"] in ("sync", "delayed", "ef")}.values())
+    # this optimizer's rows only (its gaps and its protocol issues), one per run: a run read twice
+    # (main grid and EF lrs) counts once
+    sel = list({(r["mode"], r["lr"], r["seed"]): r for r in rows
+                if (r["optimizer"], r["momentum"]) == (opt, mom) and r["mode"] in ("sync", "delayed", "ef")}.values())
     delayed, ef = tuned_gap(sel, opt, mom, seeds=seeds), tuned_gap(sel, opt, mom, mode="ef", seeds=seeds)
     n = min(len(delayed["gap"]["values"]), len(ef["gap"]["values"]))
     ratio = metrics.fieller(ef["gap"]["values"][:n], delayed["gap"]["values"][:n])
@@ -323,8 +323,7 @@ def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
     return {"optimizer": opt, "sync_lr": delayed["sync_lr"], "delayed_lr": delayed["lr"], "ef_lr": ef["lr"],
             "delayed_gap": delayed["gap"], "ef_gap": ef["gap"], "censored": censored, "n": ratio["n"],
             "recovered": None if ratio["ratio"] is None else 100 * (1 - ratio["ratio"]),
-            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces,
-            "issues": _issues([r for r in sel if (r["optimizer"], r["momentum"]) == (opt, mom)])}
+            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces, "issues": _issues(sel)}
 
 
 def mitigations(p: Preset, out: Path) -> dict:
