@@ -57,12 +57,17 @@ def fieller(num, den):
     return mx / my, [(b - root) / a, (b + root) / a]
 
 
-def best_lr(runs, optimizer, mode, momentum, variant="main"):
-    """The lr of least mean val loss over the seeds every lr of this grid has (the grid's base seeds)."""
+def _grid(runs, optimizer, mode, momentum, variant="main"):
+    """``({lr: {seed: final val loss}}, the seeds every lr has)`` of one lr grid (a diverged run: inf)."""
     grid: dict[float, dict[int, float]] = {}
     for r in select(runs, optimizer=optimizer, mode=mode, momentum=momentum, variant=variant):
         grid.setdefault(r["lr"], {})[r["seed"]] = math.inf if r["val_loss"] is None else r["val_loss"]
-    seeds = set.intersection(*(set(v) for v in grid.values()))
+    return grid, sorted(set.intersection(*(set(v) for v in grid.values())))
+
+
+def best_lr(runs, optimizer, mode, momentum, variant="main"):
+    """The lr of least mean val loss over the seeds every lr of this grid has (the grid's base seeds)."""
+    grid, seeds = _grid(runs, optimizer, mode, momentum, variant)
     return min(grid, key=lambda lr: mean([grid[lr][s] for s in seeds]))
 
 
@@ -90,8 +95,16 @@ def ef_recovery(runs, optimizer, momentum, tuned=False):
                                   for m, lr in (("sync", sync_lr), ("delayed", d_lr), ("ef", e_lr))))
     g = gaps(runs, optimizer, d_lr, momentum, "delayed", sync_lr)
     e = gaps(runs, optimizer, e_lr, momentum, "ef", sync_lr)
-    seeds = sorted(set(g) & set(e) & (base if tuned else set(g)))
-    ratio, ci = fieller([e[s] for s in seeds], [g[s] for s in seeds])
+    if tuned:
+        e = {s: v for s, v in e.items() if s in base}
+    return recovered(e, g)
+
+
+def recovered(fixed: dict[int, float], plain: dict[int, float]):
+    """The share (%) of the plain gaps a fix recovers, 100 (1 - mean fixed / mean plain) over the
+    seeds both have, and its Fieller interval (None where unbounded)."""
+    seeds = sorted(set(fixed) & set(plain))
+    ratio, ci = fieller([fixed[s] for s in seeds], [plain[s] for s in seeds])
     return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
 
 
@@ -132,9 +145,7 @@ def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delay
     """The share (%) of the plain gap ``mode`` recovers at a delay setting, and its Fieller interval."""
     plain, _ = delay_gap(runs, optimizer, setting, "delayed", momentum, sync_variant)
     fixed, _ = delay_gap(runs, optimizer, setting, mode, momentum, sync_variant)
-    seeds = sorted(set(plain) & set(fixed))
-    ratio, ci = fieller([fixed[s] for s in seeds], [plain[s] for s in seeds])
-    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
+    return recovered(fixed, plain)
 
 
 def fieller_at(num, den, level):
@@ -156,11 +167,8 @@ def _vertex(runs, optimizer, mode, momentum, variant="main"):
     """The lr grid's optimum: the parabola in log(lr) through the best mean point and its two
     neighbours (per seed: A_s, B_s of A x^2 + B x + C), vertex -mean(B) / (2 mean(A)), and its
     Fieller interval at 97.5%; None where the best point is at the grid's edge (censored)."""
-    grid: dict[float, dict[int, float]] = {}
-    for r in select(runs, optimizer=optimizer, mode=mode, momentum=momentum, variant=variant):
-        grid.setdefault(r["lr"], {})[r["seed"]] = math.inf if r["val_loss"] is None else r["val_loss"]
+    grid, seeds = _grid(runs, optimizer, mode, momentum, variant)
     lrs = sorted(grid)
-    seeds = sorted(set.intersection(*(set(v) for v in grid.values())))
     means = [mean([grid[lr][s] for s in seeds]) for lr in lrs]
     i = min(range(len(lrs)), key=lambda k: means[k])
     if i in (0, len(lrs) - 1):
@@ -207,9 +215,7 @@ def recovery_at_best(runs, optimizer, momentum, fix, variant):
     g = gaps(runs, optimizer, lr, momentum)
     sync = by_seed(runs, optimizer=optimizer, mode="sync", lr=lr, momentum=momentum, variant="main")
     mine = by_seed(runs, optimizer=optimizer, mode=fix, lr=lr, momentum=momentum, variant=variant)
-    seeds = sorted(set(g) & set(mine))
-    ratio, ci = fieller([mine[s] - sync[s] for s in seeds], [g[s] for s in seeds])
-    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
+    return recovered({s: mine[s] - sync[s] for s in mine if s in sync}, g)
 
 
 def schedule_difference(runs, optimizer, lr, momentum, depth, variant="main", twobw_mode="delayed"):
@@ -233,14 +239,6 @@ def momentum_change(runs, optimizer, low, high):
     return t_interval([b[s] - a[s] for s in seeds])
 
 
-def base_seeds(runs, optimizer, mode, momentum, variant="main") -> list[int]:
-    """The seeds every lr of the grid has (those the best lr is decided on)."""
-    grid: dict[float, set] = {}
-    for r in select(runs, optimizer=optimizer, mode=mode, momentum=momentum, variant=variant):
-        grid.setdefault(r["lr"], set()).add(r["seed"])
-    return sorted(set.intersection(*grid.values()))
-
-
 def iso_loss(sync_curve, other_curve):
     """Tokens ``other`` needs to reach sync's final val loss, over sync's tokens (linear between
     validations; the first point that reaches it counts); None where it never does."""
@@ -260,7 +258,7 @@ def overhead(runs, optimizer, mode, momentum, lengths=(1.5, 2, 4)):
     interval where every seed reached it, else None."""
     lr = best_lr(runs, optimizer, "sync", momentum)
     values = []
-    for s in base_seeds(runs, optimizer, "sync", momentum):
+    for s in _grid(runs, optimizer, "sync", momentum)[1]:
         sync = select(runs, optimizer=optimizer, mode="sync", lr=lr, momentum=momentum, seed=s, variant="main")[0]
         value = None
         for variant in ["main"] + [f"length-{k:g}x" for k in lengths]:
@@ -273,7 +271,5 @@ def overhead(runs, optimizer, mode, momentum, lengths=(1.5, 2, 4)):
 
 def ef_recovery_at(runs, optimizer, lr, momentum, seeds):
     """EF's recovered share (%) at one lr over ``seeds`` (main grid), with Fieller's interval."""
-    g, e = gaps(runs, optimizer, lr, momentum), gaps(runs, optimizer, lr, momentum, "ef")
-    seeds = sorted(set(g) & set(e) & set(seeds))
-    ratio, ci = fieller([e[s] for s in seeds], [g[s] for s in seeds])
-    return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
+    e = gaps(runs, optimizer, lr, momentum, "ef")
+    return recovered({s: v for s, v in e.items() if s in seeds}, gaps(runs, optimizer, lr, momentum))

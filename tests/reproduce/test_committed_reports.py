@@ -33,6 +33,10 @@ def _share(value, ci) -> str:
     return f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
 
 
+def _gap(m, ci) -> str:
+    return f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
 def recomputed(folder: Path) -> dict[str, str]:
     """Check every headline number of ``folder/report.json`` against ``runs.jsonl`` and return the
     strings the docs quote, keyed by what they are (a gap: ``+0.123 [+0.045, +0.201]``; a share:
@@ -45,9 +49,7 @@ def recomputed(folder: Path) -> dict[str, str]:
         for row in parts["optimizers"]["rows"]:
             m, ci = R.gap_at_best_sync_lr(runs, row["optimizer"], row["momentum"])
             assert _close(m, row["gap"]["mean"]) and _same_interval(ci, row["gap"]["ci"]), row["optimizer"]
-            quoted[f"{row['optimizer']} gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
-    if "optimizers" in parts:
-        for row in parts["optimizers"]["rows"]:
+            quoted[f"{row['optimizer']} gap"] = _gap(m, ci)
             for mode, o in row["overhead"].items():
                 got = R.overhead(runs, row["optimizer"], mode, row["momentum"])
                 if o["ci"] is None:
@@ -59,7 +61,7 @@ def recomputed(folder: Path) -> dict[str, str]:
     if diff:
         m, ci = R.difference_of_gaps(runs, "adamw", "muon", MOMENTUM)
         assert _close(m, diff["at_sync_lr"]["mean"]) and _same_interval(ci, diff["at_sync_lr"]["ci"])
-        quoted["adamw - muon gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+        quoted["adamw - muon gap"] = _gap(m, ci)
         g = {o: R.gaps(runs, o, R.best_lr(runs, o, "sync", MOMENTUM[o]), MOMENTUM[o]) for o in ("adamw", "muon")}
         seeds = sorted(set(g["adamw"]) & set(g["muon"]))
         ratio, rci = R.fieller([g["adamw"][s] for s in seeds], [g["muon"][s] for s in seeds])
@@ -73,11 +75,10 @@ def recomputed(folder: Path) -> dict[str, str]:
                 rec = row["sync-start_recovered"]
                 assert _close(value, rec["ratio_of_means"]) and _same_interval(ci, rec["ci"]), row["optimizer"]
                 quoted[f"{row['optimizer']} sync-start"] = _share(value, ci)
-        for row in parts["mitigations"]["rows"]:
             value, ci = R.ef_recovery(runs, row["optimizer"], row["momentum"])
             rec = row["ef_recovered"]
             assert _close(value, rec["ratio_of_means"]) and _same_interval(ci, rec["ci"]), row["optimizer"]
-            quoted[f"{row['optimizer']} ef"] = f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
+            quoted[f"{row['optimizer']} ef"] = _share(value, ci)
         for e in parts["mitigations"]["ef_by_lr"]:
             seeds = {int(f.rsplit("_s", 1)[1]) for f in e["runs"]["ef"]}
             value, ci = R.ef_recovery_at(runs, e["optimizer"], e["lr"], MOMENTUM[e["optimizer"]], seeds)
@@ -87,14 +88,13 @@ def recomputed(folder: Path) -> dict[str, str]:
         for t in parts["mitigations"]["ef_tuned"]:
             value, ci = R.ef_recovery(runs, t["optimizer"], MOMENTUM[t["optimizer"]], tuned=True)
             assert _close(value, t["recovered"]) and _same_interval(ci, t["ci"]), t["optimizer"]
-            quoted[f"{t['optimizer']} ef tuned"] = f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
-                                                                       " (unbounded)")
+            quoted[f"{t['optimizer']} ef tuned"] = _share(value, ci)
     if "momentum" in parts:
         for opt, change in parts["momentum"]["changes"].items():
             moms = [r["momentum"] for r in parts["momentum"]["rows"] if r["optimizer"] == opt]
             m, ci = R.momentum_change(runs, opt, moms[0], moms[-1])
             assert _close(m, change["mean"]) and _same_interval(ci, change["ci"]), opt
-            quoted[f"{opt} momentum change"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            quoted[f"{opt} momentum change"] = _gap(m, ci)
     if "learning_rate" in parts:
         for opt, optima in parts["learning_rate"]["optima"].items():
             got, shift = R.lr_shift(runs, opt, MOMENTUM[opt]), optima["delayed"]
@@ -116,13 +116,13 @@ def recomputed(folder: Path) -> dict[str, str]:
             m, ci = R.schedule_difference(runs, row["optimizer"], row["lr"], MOMENTUM[row["optimizer"]], depth,
                                           variant=twobw["variant"], twobw_mode=twobw["mode"])
             assert _close(m, row["vs_2bw"]["mean"]) and _same_interval(ci, row["vs_2bw"]["ci"]), row["schedule"]
-            quoted[f"{row['optimizer']} pipedream-{depth} - 2bw"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            quoted[f"{row['optimizer']} pipedream-{depth} - 2bw"] = _gap(m, ci)
     if "scale" in parts:
         for e in parts["scale"]["rows"]:
             for opt, st in e["optimizers"].items():
                 m, ci = R.axis_gap(runs, opt, e["size"], e["tokens_per_param"], MOMENTUM[opt])
                 assert _close(m, st["gap"]["mean"]) and _same_interval(ci, st["gap"]["ci"]), (opt, e["size"])
-                quoted[f"{opt} {e['size']} {e['tokens_per_param']:g}"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+                quoted[f"{opt} {e['size']} {e['tokens_per_param']:g}"] = _gap(m, ci)
     if "toy" in parts:
         held, n = R.toy_holds(runs)
         assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
@@ -133,13 +133,12 @@ def recomputed(folder: Path) -> dict[str, str]:
             per, (m, ci) = R.delay_gap(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
                                        sync_variant)
             assert _close(m, row["gap"]["mean"], 1e-12) and _same_interval(ci, row["gap"]["ci"])
-            quoted[f"{row['optimizer']} {row['setting']} {row['mode']} gap"] = f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            quoted[f"{row['optimizer']} {row['setting']} {row['mode']} gap"] = _gap(m, ci)
             if "recovered" in row:
                 rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
                                             sync_variant)
                 assert _close(rec, row["recovered"]["ratio_of_means"]) and _same_interval(rci, row["recovered"]["ci"])
-                quoted[f"{row['optimizer']} {row['setting']} {row['mode']} recovers"] = (
-                    f"{rec:.0f}%" + (f" [{rci[0]:.0f}, {rci[1]:.0f}]" if rci else " (unbounded)"))
+                quoted[f"{row['optimizer']} {row['setting']} {row['mode']} recovers"] = _share(rec, rci)
     return quoted
 
 
