@@ -56,7 +56,9 @@ def _check_folder(p: Preset, out: Path) -> None:
 
 def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = None) -> dict:
     """Run every finding of ``preset`` in ``out`` (resumable) and return the report (also on disk)."""
+    from delaylab.errors import Preempted
     from delaylab.llm.data import load_dataset
+    from delaylab.llm.distributed import preempt
     from delaylab.reproduce import plan, report, runner
 
     p = get_preset(preset) if isinstance(preset, str) else preset
@@ -68,20 +70,26 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     start = datetime.datetime.now().astimezone()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     counts: dict = {}
-    status = "interrupted"
-    try:
-        runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress, counts=counts)
-        status = "finished"
-    except runner.RunFailed:
-        status = "failed"
-        raise
-    finally:  # every session is kept, so a report resumed after a kill shows all the time it took
-        end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        session = {"date": start.isoformat(timespec="seconds"), "status": status, "jobs": jobs,
-                   "cpus": os.cpu_count(), "load_start": None if load is None else round(load, 2),
-                   "load_end": None if end is None else round(end, 2), **counts}
-        with open(out / SESSIONS, "a") as f:
-            f.write(json.dumps(session) + "\n")
+    status, stopped = "interrupted", None
+    with preempt.raising():  # SIGTERM / SIGUSR1 / SIGINT: workers stop at a checkpoint, exit 75
+        try:
+            runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress, counts=counts)
+            status = "finished"
+        except runner.RunFailed:
+            status = "failed"
+            raise
+        except Preempted as err:
+            stopped = str(err).split(":")[0]  # the signal (or what asked for the stop)
+            raise
+        finally:  # every session is kept, so a report resumed after a kill shows all the time it took
+            end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+            session = {"date": start.isoformat(timespec="seconds"), "status": status, "jobs": jobs,
+                       "cpus": os.cpu_count(), "load_start": None if load is None else round(load, 2),
+                       "load_end": None if end is None else round(end, 2), **counts}
+            if stopped:
+                session["stopped_by"] = stopped
+            with open(out / SESSIONS, "a") as f:
+                f.write(json.dumps(session) + "\n")
     sessions = [json.loads(line) for line in (out / SESSIONS).read_text().splitlines() if line.strip()]
     rep = report.build(p, out, sessions)
     write_json(out / "report.json", rep)

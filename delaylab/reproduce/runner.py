@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from delaylab._io import write_json
-from delaylab.errors import ConfigError, DelaylabError
+from delaylab.errors import ConfigError, DelaylabError, Preempted
 from delaylab.llm.sweep import Cell
 
 SUMMARY = "summary.json"
@@ -111,12 +111,14 @@ def execute(run, out: str) -> bool:
 
 
 def _work(run, out: str) -> bool:
-    """:func:`execute` in a pool worker. On Ctrl-C the worker leaves at once (its run keeps its last
-    checkpoint) instead of returning the interrupt as a result and taking the next run."""
+    """:func:`execute` in a pool worker. Stopped by a signal, the worker leaves at once (its run keeps
+    its last checkpoint) instead of returning the stop as a result and taking the next queued run."""
     try:
         return execute(run, out)
     except KeyboardInterrupt:
         os._exit(130)
+    except Preempted:
+        os._exit(Preempted.exit_code)
 
 
 def _interrupt_workers() -> None:
@@ -191,7 +193,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
                             r = pending.pop(fut)
                             done(_checked(fut.result, folder=r.folder))
                     queue = new_runs()
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Preempted):
                 interrupted = True
                 _interrupt_workers()  # they stop within a step; their checkpoints stay for the resume
                 raise
@@ -208,7 +210,7 @@ def _checked(fn, *args, folder: str | None = None):
     """Call ``fn``; a failure names the run it came from (one line)."""
     try:
         return fn(*args)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, Preempted):  # a stop, not a failure of the run
         raise
     except Exception as err:
         where = folder or getattr(args[0], "folder", "?")

@@ -190,18 +190,87 @@ def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_
     assert again["session"]["computed"] == 3
     assert again["session"]["read"] == again["session"]["runs"] - 3
     assert [s["status"] for s in again["sessions"]] == ["finished", "finished"]  # both sessions are kept
-
-    def strip(r):
-        r = json.loads(json.dumps(r))
-        r.pop("session"), r.pop("sessions"), r.pop("out"), r.pop("command")
-        for part in r["parts"]:
-            part["commands"] = [c.replace(str(copy), "DIR") for c in part["commands"]]
-        return r
-
-    first = {**rep, "parts": [{**p_, "commands": [c.replace(str(out), "DIR") for c in p_["commands"]]}
-                              for p_ in rep["parts"]]}
-    assert strip(again) == strip(first)
+    assert _numbers(again, copy) == _numbers(rep, out)
     assert run_cell(stopped.base, stopped.cell, str(copy / stopped.folder))["val_loss"] == _val(out, stopped.folder)
+
+
+def _numbers(rep: dict, out: Path) -> dict:
+    """A report without what differs between two folders and sessions (its folder, its sessions)."""
+    r = json.loads(json.dumps(rep))
+    r.pop("session"), r.pop("sessions"), r.pop("out"), r.pop("command")
+    for part in r["parts"]:
+        part["commands"] = [c.replace(str(out), "DIR") for c in part["commands"]]
+    return r
+
+
+def _children(pid: int) -> set[int]:
+    return {int(c) for t in Path(f"/proc/{pid}/task").glob("*") for c in (t / "children").read_text().split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the workers from /proc (Linux)")
+@pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGUSR1", marks=pytest.mark.slow)])  # one handler for both
+def test_a_cluster_signal_stops_the_pool_records_the_session_exits_75_and_the_resume_is_exact(made, tmp_path, sig):
+    """What a scheduler sends before it kills a job: the workers stop at a checkpoint and leave, the
+    session is recorded as stopped, the exit code says "run again" (75), and running the same command
+    again gives the report of the uninterrupted run."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from delaylab.errors import Preempted
+    from delaylab.reproduce import plan as P
+    from delaylab.reproduce.presets import get_preset
+
+    out, rep = made
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    gone = [r.folder for r in P.grid(get_preset("ci"), out)[-8:]]
+    for folder in gone:
+        shutil.rmtree(copy / folder)
+    log = tmp_path / "stderr"  # a file, not a pipe: a worker left running would hold a pipe open
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "delaylab", "reproduce", "--preset", "ci", "--jobs", "2",
+                                 "--out", str(copy)], stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        # a worker has started one of the removed runs: the driver is past its start-up, in the pool
+        while not any((copy / f / "config.json").is_file() for f in gone):
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        os.kill(proc.pid, getattr(signal, sig))
+        code = proc.wait(timeout=120)
+        # none left running without a driver (the resource tracker leaves once its pipe closes)
+        deadline = time.time() + 10
+        while [w for w in workers if _alive(w)] and time.time() < deadline:
+            time.sleep(0.1)
+        left = [w for w in workers if _alive(w)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the run under test left behind
+    err = log.read_text().strip().splitlines()
+    assert code == Preempted.exit_code, err
+    assert err[-1].startswith(f"delaylab: preempted: {sig}: stopped;") and "Traceback" not in "\n".join(err), err
+    assert workers and not left, left
+    session = json.loads((copy / "sessions.jsonl").read_text().splitlines()[-1])
+    assert session["status"] == "interrupted" and session["stopped_by"] == sig
+    assert session["computed"] < len(gone) and session["seconds"] > 0
+    assert not list(copy.glob("llm/**/*.pending"))  # every checkpoint written whole, or not begun
+    again = reproduce("ci", copy, jobs=2, progress=False)
+    assert [s["status"] for s in again["sessions"][-2:]] == ["interrupted", "finished"]
+    assert again["session"]["computed"] == len(gone) - session["computed"]
+    assert _numbers(again, copy) == _numbers(rep, out)
 
 
 def test_cli_json_reads_a_finished_report(made, capsys):

@@ -26,6 +26,9 @@ Three pieces:
   finishes every update ``< K``. Cost: two store round trips per update and rank. Every dependency
   of an action is an action of the same or an earlier update, so dropping the updates ``>= K`` from
   every stage's list leaves the lists of a run that ends at ``K`` (``tests/pipeline/test_schedules.py``).
+* :func:`raising` (a process that drives a pool of such processes, ``reproduce``): the first signal
+  raises :class:`~delaylab.errors.Preempted` where the driver waits, so it forwards the stop and
+  records its session before it exits 75.
 * :class:`LauncherSignals` (the process that started the ranks with torch's elastic agent): the
   first signal creates :data:`STOP_FILE`'s file, which every rank's gate reads as a request (a rank
   need not receive the signal itself); a second kills the ranks and exits at once.
@@ -101,6 +104,37 @@ def signals():
         for s, h in old.items():
             signal.signal(s, h)
         _request.signum, _request.depth = None, 0
+
+
+@contextlib.contextmanager
+def raising():
+    """The handlers of a process that drives workers instead of stepping (``reproduce``'s pool): while
+    the block runs, a first signal raises :class:`Preempted` here, in the main thread, so the driver
+    can stop its workers and record what finished; a second, :data:`GRACE_S` later, exits at once.
+    SIGINT is left alone where it is ignored (a job started in the background keeps it so)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        first = _request.signum is None
+        name = signal.Signals(signum).name
+        if _second(signum):
+            print(f"delaylab: {name} again: stopped at once; finished runs and checkpoints are kept",
+                  file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        if first:
+            raise Preempted(f"{name}: stopped; the runs in progress keep their last checkpoint (run the same "
+                            "command again to resume)")
+
+    handled = [s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    old = {s: signal.signal(s, handler) for s in handled}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _request.signum = None
 
 
 def preemptible(fn):
