@@ -44,17 +44,7 @@ def t_interval(xs):
 
 def fieller(num, den):
     """mean(num) / mean(den) and Fieller's 95% interval (None where the set is unbounded)."""
-    n = len(num)
-    mx, my = mean(num), mean(den)
-    sxx = sum((x - mx) ** 2 for x in num) / (n - 1)
-    syy = sum((y - my) ** 2 for y in den) / (n - 1)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(num, den)) / (n - 1)
-    q = _student.ppf(0.975, n - 1) ** 2 / n
-    a, b, c = my * my - q * syy, mx * my - q * sxy, mx * mx - q * sxx
-    if a <= 0:
-        return mx / my, None
-    root = math.sqrt(max(b * b - a * c, 0.0))
-    return mx / my, [(b - root) / a, (b + root) / a]
+    return mean(num) / mean(den), fieller_at(num, den, 0.95)
 
 
 def _grid(runs, optimizer, mode, momentum, variant="main"):
@@ -108,11 +98,42 @@ def recovered(fixed: dict[int, float], plain: dict[int, float]):
     return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
 
 
-def axis_gap(runs, optimizer, size, tokens_per_param, momentum):
-    """An axis point's gap at its scanned lr (the one where the point's delayed runs are)."""
+def axis_gaps(runs, optimizer, size, tokens_per_param, momentum, mode="delayed") -> dict[int, float]:
+    """An axis point's per-seed gaps of ``mode`` at its scanned lr (the one where its delayed runs are)."""
     variant = f"axis-{size}-{tokens_per_param:g}tpp"
     lr = {r["lr"] for r in select(runs, optimizer=optimizer, mode="delayed", variant=variant)}.pop()
-    return t_interval(list(gaps(runs, optimizer, lr, momentum, variant=variant).values()))
+    return gaps(runs, optimizer, lr, momentum, mode, variant=variant)
+
+
+def axis_gap(runs, optimizer, size, tokens_per_param, momentum):
+    """An axis point's gap and its t interval."""
+    return t_interval(list(axis_gaps(runs, optimizer, size, tokens_per_param, momentum).values()))
+
+
+def axis_change(runs, optimizer, first, last, momentum):
+    """How an axis gap moves from point ``first`` to point ``last`` (each ``(size, tokens/param)``)."""
+    return welch(*(list(axis_gaps(runs, optimizer, *point, momentum).values()) for point in (first, last)))
+
+
+def welch(a, b):
+    """mean(b) - mean(a) of two independent samples with Welch's 95% interval (Satterthwaite's df)."""
+    va, vb = (sum((x - mean(s)) ** 2 for x in s) / (len(s) - 1) / len(s) for s in (a, b))
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    d, h = mean(b) - mean(a), _student.ppf(0.975, df) * math.sqrt(va + vb)
+    return d, [d - h, d + h]
+
+
+def axis_ef(runs, optimizer, size, tokens_per_param, momentum):
+    """EF's recovered share (%) at an axis point, with Fieller's interval."""
+    point = (runs, optimizer, size, tokens_per_param, momentum)
+    return recovered(axis_gaps(*point, mode="ef"), axis_gaps(*point))
+
+
+def axis_gap_ratio(runs, size, tokens_per_param, momenta):
+    """AdamW's gap over Muon's at an axis point, paired by seed, with Fieller's interval."""
+    g = {o: axis_gaps(runs, o, size, tokens_per_param, momenta[o]) for o in ("adamw", "muon")}
+    seeds = sorted(set(g["adamw"]) & set(g["muon"]))
+    return fieller([g["adamw"][s] for s in seeds], [g["muon"][s] for s in seeds])
 
 
 def toy_holds(runs) -> tuple[int, int]:

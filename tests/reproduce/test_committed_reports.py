@@ -123,6 +123,30 @@ def recomputed(folder: Path) -> dict[str, str]:
                 m, ci = R.axis_gap(runs, opt, e["size"], e["tokens_per_param"], MOMENTUM[opt])
                 assert _close(m, st["gap"]["mean"]) and _same_interval(ci, st["gap"]["ci"]), (opt, e["size"])
                 quoted[f"{opt} {e['size']} {e['tokens_per_param']:g}"] = _gap(m, ci)
+                if st.get("recovered"):
+                    share, sci = R.axis_ef(runs, opt, e["size"], e["tokens_per_param"], MOMENTUM[opt])
+                    assert _close(share, st["recovered"]["ratio_of_means"]), (opt, e["size"])
+                    assert _same_interval(sci, st["recovered"]["ci"]), (opt, e["size"])
+                    quoted[f"{opt} ef {e['size']} {e['tokens_per_param']:g}"] = _share(share, sci)
+            if e.get("gap_ratio"):
+                ratio, rci = R.axis_gap_ratio(runs, e["size"], e["tokens_per_param"], MOMENTUM)
+                assert _close(ratio, e["gap_ratio"]["ratio"]) and _same_interval(rci, e["gap_ratio"]["ci"]), e["size"]
+                quoted[f"adamw / muon gap ratio {e['size']} {e['tokens_per_param']:g}"] = (
+                    f"{ratio:.2g}" + (f" [{rci[0]:.2g}, {rci[1]:.2g}]" if rci else " (unbounded)"))
+        for t in parts["scale"]["trends"].values():
+            if t["quantity"].endswith("_gap") and t["change"]["ci"]:
+                opt = t["quantity"][:-4]
+                ends = [(t["size"], t["ratios"][0]), (t["size"], t["ratios"][-1])]
+                d, ci = R.axis_change(runs, opt, *ends, MOMENTUM[opt])
+                assert _close(d, t["change"]["delta"]) and _same_interval(ci, t["change"]["ci"]), t["quantity"]
+                quoted[f"{opt} {t['size']} change {t['ratios'][0]:g} -> {t['ratios'][-1]:g}"] = _gap(d, ci)
+        for t in parts["scale"]["sizes"].values():
+            if t["quantity"].endswith("_gap") and t["change"]["ci"]:
+                opt = t["quantity"][:-4]
+                ends = [(t["sizes"][0], t["ratio"]), (t["sizes"][-1], t["ratio"])]
+                d, ci = R.axis_change(runs, opt, *ends, MOMENTUM[opt])
+                assert _close(d, t["change"]["delta"]) and _same_interval(ci, t["change"]["ci"]), t["quantity"]
+                quoted[f"{opt} {t['ratio']:g} change {t['sizes'][0]} -> {t['sizes'][-1]}"] = _gap(d, ci)
     if "toy" in parts:
         held, n = R.toy_holds(runs)
         assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
