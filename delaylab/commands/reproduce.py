@@ -20,7 +20,8 @@ def register(sub) -> None:
         description="Run (or resume) every run of the preset's grid under --out and write report.md, report.json "
                     "and repro_*.png there: optimizer sensitivity, mitigations, momentum, learning rate, "
                     "2BW vs PipeDream delays, toy rates, each with the theory's prediction and a verdict. "
-                    "Finished runs are read, not rerun; rerun the same command to resume.",
+                    "Finished runs are read, not rerun; rerun the same command to resume. SIGTERM, SIGUSR1 or "
+                    "Ctrl-C stop the running runs at a checkpoint and exit 75.",
     )
     p.add_argument("--preset", default="cpu-small",
                    help=f"grid: {', '.join(PRESET_NAMES)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
