@@ -28,7 +28,7 @@ import json
 import os
 from pathlib import Path
 
-from delaylab.errors import ConfigError
+from delaylab.errors import ConfigError, Preempted
 from delaylab._io import jsonable, write_json
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
@@ -56,7 +56,6 @@ def _check_folder(p: Preset, out: Path) -> None:
 
 def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = None) -> dict:
     """Run every finding of ``preset`` in ``out`` (resumable) and return the report (also on disk)."""
-    from delaylab.errors import Preempted
     from delaylab.llm.data import load_dataset
     from delaylab.llm.distributed import preempt
     from delaylab.reproduce import plan, report, runner

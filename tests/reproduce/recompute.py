@@ -90,11 +90,16 @@ def ef_recovery(runs, optimizer, momentum, tuned=False):
     return recovered(e, g)
 
 
+def paired_ratio(num: dict[int, float], den: dict[int, float]):
+    """mean(num) / mean(den) over the seeds both have, and Fieller's interval (None where unbounded)."""
+    seeds = sorted(set(num) & set(den))
+    return fieller([num[s] for s in seeds], [den[s] for s in seeds])
+
+
 def recovered(fixed: dict[int, float], plain: dict[int, float]):
     """The share (%) of the plain gaps a fix recovers, 100 (1 - mean fixed / mean plain) over the
     seeds both have, and its Fieller interval (None where unbounded)."""
-    seeds = sorted(set(fixed) & set(plain))
-    ratio, ci = fieller([fixed[s] for s in seeds], [plain[s] for s in seeds])
+    ratio, ci = paired_ratio(fixed, plain)
     return 100 * (1 - ratio), None if ci is None else [100 * (1 - ci[1]), 100 * (1 - ci[0])]
 
 
@@ -132,8 +137,7 @@ def axis_ef(runs, optimizer, size, tokens_per_param, momentum):
 def axis_gap_ratio(runs, size, tokens_per_param, momenta):
     """AdamW's gap over Muon's at an axis point, paired by seed, with Fieller's interval."""
     g = {o: axis_gaps(runs, o, size, tokens_per_param, momenta[o]) for o in ("adamw", "muon")}
-    seeds = sorted(set(g["adamw"]) & set(g["muon"]))
-    return fieller([g["adamw"][s] for s in seeds], [g["muon"][s] for s in seeds])
+    return paired_ratio(g["adamw"], g["muon"])
 
 
 def toy_holds(runs) -> tuple[int, int]:

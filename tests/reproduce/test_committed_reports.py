@@ -33,6 +33,10 @@ def _share(value, ci) -> str:
     return f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
 
 
+def _ratio(value, ci) -> str:
+    return f"{value:.2g}" + (f" [{ci[0]:.2g}, {ci[1]:.2g}]" if ci else " (unbounded)")
+
+
 def _gap(m, ci) -> str:
     return f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
@@ -63,10 +67,9 @@ def recomputed(folder: Path) -> dict[str, str]:
         assert _close(m, diff["at_sync_lr"]["mean"]) and _same_interval(ci, diff["at_sync_lr"]["ci"])
         quoted["adamw - muon gap"] = _gap(m, ci)
         g = {o: R.gaps(runs, o, R.best_lr(runs, o, "sync", MOMENTUM[o]), MOMENTUM[o]) for o in ("adamw", "muon")}
-        seeds = sorted(set(g["adamw"]) & set(g["muon"]))
-        ratio, rci = R.fieller([g["adamw"][s] for s in seeds], [g["muon"][s] for s in seeds])
+        ratio, rci = R.paired_ratio(g["adamw"], g["muon"])
         assert _close(ratio, diff["ratio"]["ratio"]) and _same_interval(rci, diff["ratio"]["ci"])
-        quoted["adamw / muon gap ratio"] = f"{ratio:.2g}" + (f" [{rci[0]:.2g}, {rci[1]:.2g}]" if rci else "")
+        quoted["adamw / muon gap ratio"] = _ratio(ratio, rci)
     if "mitigations" in parts:
         for row in parts["mitigations"]["rows"]:
             if "sync-start_recovered" in row:
@@ -131,22 +134,20 @@ def recomputed(folder: Path) -> dict[str, str]:
             if e.get("gap_ratio"):
                 ratio, rci = R.axis_gap_ratio(runs, e["size"], e["tokens_per_param"], MOMENTUM)
                 assert _close(ratio, e["gap_ratio"]["ratio"]) and _same_interval(rci, e["gap_ratio"]["ci"]), e["size"]
-                quoted[f"adamw / muon gap ratio {e['size']} {e['tokens_per_param']:g}"] = (
-                    f"{ratio:.2g}" + (f" [{rci[0]:.2g}, {rci[1]:.2g}]" if rci else " (unbounded)"))
-        for t in parts["scale"]["trends"].values():
+                quoted[f"adamw / muon gap ratio {e['size']} {e['tokens_per_param']:g}"] = _ratio(ratio, rci)
+        # a gap's change from the first to the last point: along tokens/param at one size, along size at one ratio
+        changes = [(t, [(t["size"], r) for r in (t["ratios"][0], t["ratios"][-1])],
+                    f"{t['size']} change {t['ratios'][0]:g} -> {t['ratios'][-1]:g}")
+                   for t in parts["scale"]["trends"].values()]
+        changes += [(t, [(z, t["ratio"]) for z in (t["sizes"][0], t["sizes"][-1])],
+                     f"{t['ratio']:g} change {t['sizes'][0]} -> {t['sizes'][-1]}")
+                    for t in parts["scale"]["sizes"].values()]
+        for t, ends, name in changes:
             if t["quantity"].endswith("_gap") and t["change"]["ci"]:
                 opt = t["quantity"][:-4]
-                ends = [(t["size"], t["ratios"][0]), (t["size"], t["ratios"][-1])]
                 d, ci = R.axis_change(runs, opt, *ends, MOMENTUM[opt])
                 assert _close(d, t["change"]["delta"]) and _same_interval(ci, t["change"]["ci"]), t["quantity"]
-                quoted[f"{opt} {t['size']} change {t['ratios'][0]:g} -> {t['ratios'][-1]:g}"] = _gap(d, ci)
-        for t in parts["scale"]["sizes"].values():
-            if t["quantity"].endswith("_gap") and t["change"]["ci"]:
-                opt = t["quantity"][:-4]
-                ends = [(t["sizes"][0], t["ratio"]), (t["sizes"][-1], t["ratio"])]
-                d, ci = R.axis_change(runs, opt, *ends, MOMENTUM[opt])
-                assert _close(d, t["change"]["delta"]) and _same_interval(ci, t["change"]["ci"]), t["quantity"]
-                quoted[f"{opt} {t['ratio']:g} change {t['sizes'][0]} -> {t['sizes'][-1]}"] = _gap(d, ci)
+                quoted[f"{opt} {name}"] = _gap(d, ci)
     if "toy" in parts:
         held, n = R.toy_holds(runs)
         assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")

@@ -81,6 +81,12 @@ def _second(signum: int) -> bool:
     return now - _request.at >= GRACE_S
 
 
+def _exit_at_once(signum: int, what: str) -> None:
+    """A second signal: say so in one line and exit now, ``128 + signal`` (the shells' convention)."""
+    print(f"delaylab: {signal.Signals(signum).name} again: {what}", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
 @contextlib.contextmanager
 def signals():
     """This process notes SIGTERM, SIGUSR1 and SIGINT as a stop request while the block runs (and
@@ -92,9 +98,7 @@ def signals():
 
     def handler(signum, _frame):
         if _second(signum):
-            print(f"delaylab: {signal.Signals(signum).name} again: stopped at once; the last good checkpoint "
-                  "is kept", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
+            _exit_at_once(signum, "stopped at once; the last good checkpoint is kept")
 
     old = {s: signal.signal(s, handler) for s in SIGNALS}
     _request.depth += 1
@@ -118,14 +122,11 @@ def raising():
 
     def handler(signum, _frame):
         first = _request.signum is None
-        name = signal.Signals(signum).name
         if _second(signum):
-            print(f"delaylab: {name} again: stopped at once; finished runs and checkpoints are kept",
-                  file=sys.stderr, flush=True)
-            os._exit(128 + signum)
+            _exit_at_once(signum, "stopped at once; finished runs and checkpoints are kept")
         if first:
-            raise Preempted(f"{name}: stopped; the runs in progress keep their last checkpoint (run the same "
-                            "command again to resume)")
+            raise Preempted(f"{signal.Signals(signum).name}: stopped; the runs in progress keep their last "
+                            "checkpoint (run the same command again to resume)")
 
     handled = [s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
     old = {s: signal.signal(s, handler) for s in handled}
@@ -217,9 +218,7 @@ class LauncherSignals:
         for pid in self.ranks():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        print(f"delaylab: {signal.Signals(signum).name} again: stopped the ranks at once; the last good checkpoint "
-              "is kept", file=sys.stderr, flush=True)
-        os._exit(128 + signum)
+        _exit_at_once(signum, "stopped the ranks at once; the last good checkpoint is kept")
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
