@@ -7,6 +7,11 @@ alike; the figures are medians over rounds. Targets: Delayed <= 1.05x the inner 
 EF's extra memory held across steps <= one parameter copy. EF is timed twice: on the path it
 takes here (one parameter at a time) and on the whole-model path other optimizers take.
 
+What the queue's owning its gradients costs (issue 35): ``Delayed`` copies each new gradient into
+the queue and the stale one back into ``p.grad``; the queue that held ``p.grad`` by reference
+(corrupted by DDP bucket views and CUDA graphs) is timed beside it as ``by-reference``. Memory held
+across steps is the same (``tau`` gradients); owning adds one parameter-sized temporary during a step.
+
     python benchmarks/optim_overhead.py [--rounds 30] [--threads 1] [--json]
 """
 
@@ -20,6 +25,28 @@ import time
 import torch
 
 from delaylab.optim import Delayed, build_optimizer
+from delaylab.optim.queue import DelayQueue
+
+
+class _ByReference(DelayQueue):
+    """The queue before issue 35: it held ``p.grad`` itself and swapped tensors (no copies)."""
+
+    def _push(self, p, st):
+        st.setdefault("queue", []).append(p.grad)
+        for c in self.companions:
+            c.on_push(p, st)
+        p.grad = None
+
+    def _pop(self, p, st):
+        g = st["queue"].pop(0)
+        for c in self.companions:
+            g = c.on_pop(p, st, g)
+        p.grad = g
+
+
+def _by_reference(opt: Delayed) -> Delayed:
+    opt.queue.__class__ = _ByReference
+    return opt
 
 
 def _params(shapes, seed=0):
@@ -48,20 +75,21 @@ def measure(name: str, shapes, rounds: int) -> dict:
     variants = {
         "inner": lambda ps: build_optimizer(name, ps),
         "delayed": lambda ps: Delayed(build_optimizer(name, ps), delay=1),
+        "by-reference": lambda ps: _by_reference(Delayed(build_optimizer(name, ps), delay=1)),
         "delayed+ef": lambda ps: Delayed(build_optimizer(name, ps), delay=1, correction="ef"),
         "ef-whole-model": lambda ps: _whole_model(Delayed(build_optimizer(name, ps), delay=1, correction="ef")),
     }
     params = {k: _params(shapes) for k in variants}
     opts = {k: make(params[k]) for k, make in variants.items()}
     gen = torch.Generator().manual_seed(1)
-    # Gradients come from a fixed pool per variant (no allocation between steps; the queue
-    # keeps a reference to one of them, and none of these optimizers writes into a gradient).
+    # Gradients come from a fixed pool per variant (no allocation between steps). The owning queue
+    # copies out of p.grad and back into it, so it writes into pool tensors: refresh them each round.
     pools = {k: [[torch.randn(s, generator=gen) * 1e-3 for s in shapes] for _ in range(3)] for k in variants}
     times = {k: [] for k in variants}
     for r in range(rounds + 2):  # two warm-up rounds fill queues and allocate state
         for k in variants:
             for p, g in zip(params[k], pools[k][r % 3]):
-                p.grad = g
+                p.grad = g.clone() if k == "by-reference" else g  # the by-reference queue keeps it
             t0 = time.perf_counter()
             opts[k].step()
             dt = time.perf_counter() - t0
@@ -77,6 +105,8 @@ def measure(name: str, shapes, rounds: int) -> dict:
         "params": n_params,
         "median_step_s": med,
         "delayed_ratio": med["delayed"] / med["inner"],
+        "owning_over_by_reference": med["delayed"] / med["by-reference"],
+        "owning_temporary_bytes": max(p.numel() * p.element_size() for p in params["inner"]),
         "ef_ratio": med["delayed+ef"] / med["inner"],
         "ef_whole_model_ratio": med["ef-whole-model"] / med["inner"],
         "queue_bytes": queue_bytes,
@@ -98,12 +128,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(results))
         return
-    print(f"{'optimizer':<8} {'params':>10} {'inner ms':>9} {'delayed':>8} {'ef':>8}  "
+    print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}, threads {args.threads}")
+    print(f"{'optimizer':<8} {'params':>10} {'inner ms':>9} {'delayed':>8} {'owning/ref':>10} {'ef':>8}  "
           f"{'ef whole':>8}  {'queue MB':>8} {'EF extra':>14}")
     for r in results:
         print(f"{r['optimizer']:<8} {r['params']:>10,} {1e3 * r['median_step_s']['inner']:>9.1f} "
-              f"{r['delayed_ratio']:>7.3f}x {r['ef_ratio']:>7.3f}x {r['ef_whole_model_ratio']:>7.3f}x  {r['queue_bytes'] / 2**20:>8.1f} "
+              f"{r['delayed_ratio']:>7.3f}x {r['owning_over_by_reference']:>9.3f}x {r['ef_ratio']:>7.3f}x "
+              f"{r['ef_whole_model_ratio']:>7.3f}x  {r['queue_bytes'] / 2**20:>8.1f} "
               f"{r['ef_extra_param_copies']:>6.2f} param copy")
+    print(f"owning: the same bytes held across steps, plus one parameter-sized temporary "
+          f"({results[0]['owning_temporary_bytes'] / 2**20:.1f} MB here) during a step")
     print("targets: delayed <= 1.05x, ef <= 1.5x, EF extra <= 1.00 param copy")
     print("ef: one parameter at a time (CPU, torch/delaylab optimizers); ef whole: snapshot of the")
     print("whole model and one inner step, the path any other optimizer (or an accelerator) takes")

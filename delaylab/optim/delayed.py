@@ -241,16 +241,38 @@ class Delayed(Optimizer):
             self.queue.updates = [k + 1 for k in self.queue.updates]
             self.updated = True
             return loss
+        self._update(lambda gi, group: self.queue.advance(gi, group["params"], self.state))  # 2. push, pop
+        return loss
+
+    @torch.no_grad()
+    def flush(self) -> bool:
+        """One more update per group with its oldest queued gradient (the end of training, as a
+        pipeline drains its last batches; or a checkpoint that must hold no queue); True if there
+        was one. Call it until it returns False; the next :meth:`step` fills the queue anew."""
+        return self._update(lambda gi, group: self.queue.release(gi, group["params"], self.state))
+
+    def _update(self, advance) -> bool:
+        """``advance(gi, group)`` per group (None: no update), then one inner step for the groups that
+        update; the others' ``p.grad`` (queued, not applied) is kept from it and left in place."""
         updates: list[tuple[dict, Update]] = []  # the groups that update on this call
+        idle = []
         for gi, group in enumerate(self.param_groups):
-            delayed = self.queue.advance(gi, group["params"], self.state)  # 2. push, pop
+            delayed = advance(gi, group)
             if delayed is not None:
                 updates.append((group, Update(gi, self.delays[gi], delayed)))
+            else:
+                idle += [(p, p.grad) for p in group["params"] if p.grad is not None]
         self.updated = bool(updates)
         if updates:
-            with self._scaled_lrs(updates):  # 3.
-                self._inner_step(updates)  # 4.
-        return loss
+            try:
+                for p, _ in idle:
+                    p.grad = None
+                with self._scaled_lrs(updates):  # 3.
+                    self._inner_step(updates)  # 4.
+            finally:
+                for p, g in idle:  # the same tensor: a caller's static gradient buffer stays in place
+                    p.grad = g
+        return self.updated
 
     def _step_varying(self, closure):
         """One call with a delay distribution: one update, its gradient taken at ``max(s, k - tau_k)``."""

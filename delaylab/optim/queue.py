@@ -8,7 +8,13 @@ entering one costs a new fill. With ``total_steps`` set, a group that has made
 ``total_steps`` updates ignores further calls.
 
 The queued gradients live in the owner's per-parameter state (``state[p]["queue"]``), so
-they are saved, loaded and re-targeted with it. ``companions`` (correctors: DC-ASGD) may keep
+they are saved, loaded and re-targeted with it. The queue owns them: a push copies ``p.grad``,
+a pop copies the stale gradient back into ``p.grad`` in place, and ``p.grad`` itself is never
+replaced. Whatever writes the next gradient into the same storage (DDP's
+``gradient_as_bucket_view``, a CUDA graph's replay, ``zero_grad(set_to_none=False)``) therefore
+cannot change a queued gradient, and a CUDA graph's static gradient buffers stay the ones the
+optimizer reads. The cost: one copy in and one copy out per parameter per update, and one
+parameter-sized temporary at a time (the new gradient is copied before the stale one overwrites it). ``companions`` (correctors: DC-ASGD) may keep
 something next to each queued gradient: in their order, each is told ``on_push(p, st)`` on a
 push, ``on_pop(p, st, g)`` on a pop (returning the gradient to use) and ``on_drop(st)`` when
 the queue is dropped.
@@ -97,13 +103,12 @@ class DelayQueue:
     def advance(self, gi: int, params: list[torch.Tensor], state) -> bool | None:
         """One call for group ``gi``: fill, or leave in ``p.grad`` the gradient to apply now.
 
-        Returns None when the group makes no update on this call, else whether its update
-        is in a delayed phase (a correction applies only there).
+        Returns None when the group makes no update on this call (``p.grad`` then still holds the
+        new gradient, a copy of which is queued: the caller keeps it from the inner step), else
+        whether its update is in a delayed phase (a correction applies only there).
         """
         k = self.updates[gi]
         if self.total_steps is not None and k >= self.total_steps:
-            for p in params:
-                p.grad = None
             return None
         delayed = self.delayed_phase(k)
         tau = self.delays[gi] if delayed else 0
@@ -111,29 +116,44 @@ class DelayQueue:
             self._drop(params, state)
             self.queued[gi] = 0
         if tau:
-            self._push(params, state)
             self.queued[gi] += 1
             if self.queued[gi] <= tau:  # filling: nothing to apply yet
+                for p in params:
+                    self._push(p, state[p])
                 return None
-            self._pop(params, state)
+            for p in params:  # one parameter at a time: one parameter-sized temporary at most
+                self._push(p, state[p])
+                self._pop(p, state[p])
             self.queued[gi] -= 1
         self.updates[gi] += 1
         return delayed
 
-    def _push(self, params, state) -> None:
+    def release(self, gi: int, params: list[torch.Tensor], state) -> bool | None:
+        """Leave group ``gi``'s oldest queued gradient in ``p.grad`` as one more update (a drain);
+        None when nothing is queued (or the group is finished), else whether the update is delayed."""
+        k = self.updates[gi]
+        if not self.queued[gi] or (self.total_steps is not None and k >= self.total_steps):
+            return None
         for p in params:
-            st = state[p]
-            st.setdefault("queue", []).append(p.grad)
-            for c in self.companions:
-                c.on_push(p, st)
-            p.grad = None
+            self._pop(p, state[p])
+        self.queued[gi] -= 1
+        self.updates[gi] += 1
+        return self.delayed_phase(k)
 
-    def _pop(self, params, state) -> None:
-        for p in params:
-            st = state[p]
-            g = st["queue"].pop(0)
-            for c in self.companions:
-                g = c.on_pop(p, st, g)
+    def _push(self, p: torch.Tensor, st: dict) -> None:
+        st.setdefault("queue", []).append(None if p.grad is None else p.grad.detach().clone())
+        for c in self.companions:
+            c.on_push(p, st)
+
+    def _pop(self, p: torch.Tensor, st: dict) -> None:
+        g = st["queue"].pop(0)
+        for c in self.companions:
+            g = c.on_pop(p, st, g)
+        if g is None:  # the parameter had no gradient on that call
+            p.grad = None
+        elif p.grad is not None and p.grad.shape == g.shape and p.grad.dtype == g.dtype:
+            p.grad.copy_(g)  # in place: the caller's gradient buffer stays the one it reads
+        else:
             p.grad = g
 
     def _drop(self, params, state) -> None:

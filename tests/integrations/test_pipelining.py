@@ -125,8 +125,41 @@ def test_constructors_reject_what_the_schedules_cannot_run(one_rank_group):
     with pytest.raises(ValueError, match="needs a loss_fn"):
         Schedule2BW(stage(0, 2), 2)
     assert SchedulePipeDream(stage(1, 4), 1, loss_fn=loss).delay == 2
-    with pytest.raises(NotImplementedError, match="eval"):
+    with pytest.raises(RuntimeError, match="eval\\(\\) runs after the first training step"):
         Schedule2BW(stage(0, 2), 2, loss_fn=loss).eval()
+
+
+def test_bad_input_is_one_line_not_a_bare_error(one_rank_group):
+    """Each used to surface as something else: a float M was accepted, a list of stages raised
+    ``AttributeError: 'list' object has no attribute 'num_stages'``, a batch smaller than M a bare
+    ``AssertionError`` inside torch's split."""
+    from delaylab.errors import ConfigError
+
+    loss = lambda out, y: out.sum()  # noqa: E731
+    for bad in (2.5, 0, True, "4"):
+        with pytest.raises(ConfigError, match="n_microbatches must be an integer >= 1") as err:
+            Schedule2BW(stage(0, 1), bad, loss_fn=loss)
+        assert "\n" not in str(err.value)
+    with pytest.raises(TypeError, match="one stage per rank: pass its PipelineStage, got list"):
+        Schedule2BW([stage(0, 1), stage(0, 1)], 4, loss_fn=loss)
+    sched = Schedule2BW(stage(0, 1), 4, loss_fn=loss)
+    for rows in (2, 5):
+        with pytest.raises(ConfigError, match=f"argument 0 has a batch of {rows}, which does not split into 4"):
+            sched.step(torch.ones(rows, 2), target=torch.ones(rows, 2))
+    assert sched.in_flight == 0  # refused before anything ran
+
+
+def test_a_loss_that_computes_with_a_live_weight_tensor_is_refused(one_rank_group):
+    """The batch's weight copy replaces the stage module's parameters; a loss function holding the
+    weight tensor itself would train it undelayed, and says so instead."""
+    module = torch.nn.Linear(2, 2)
+    from torch.distributed.pipelining import PipelineStage
+
+    live = module.weight
+    sched = Schedule2BW(PipelineStage(module, 0, 1, torch.device("cpu")), 2,
+                        loss_fn=lambda out, y: (out @ live).sum())
+    with pytest.raises(RuntimeError, match="a gradient reached the live weight 'weight' of stage 0"):
+        sched.step(torch.ones(2, 2), target=torch.ones(2, 2))
 
 
 def _drain_rank(P: int, M: int, first: int, second: int) -> float:

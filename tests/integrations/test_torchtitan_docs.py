@@ -15,14 +15,16 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "torchtitan.md"
 
 
 def commands() -> list[list[str]]:
-    """The arguments after ``-m torchtitan.train`` of every such command in the doc's bash blocks."""
+    """The arguments after ``-m torchtitan.train`` (or the CPU entry point, tests/integrations/titan_cpu.py,
+    which runs it) of every such command in the doc's bash blocks."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S):
         text = block.replace("\\\n", " ")
         for line in text.splitlines():
-            if "torchtitan.train" in line:
-                tokens = shlex.split(line)
-                out.append(tokens[tokens.index("torchtitan.train") + 1:])
+            tokens = shlex.split(line) if ("torchtitan.train" in line or "titan_cpu.py" in line) else []
+            entry = [i for i, t in enumerate(tokens) if t == "torchtitan.train" or t.endswith("titan_cpu.py")]
+            if entry:
+                out.append(tokens[entry[0] + 1:])
     return out
 
 
@@ -36,8 +38,8 @@ def value(args: list[str], flag: str) -> str:
 
 def test_the_doc_has_the_commands_it_describes():
     found = commands()
-    assert len(found) == 2
-    assert {value(a, "--config") for a in found} == {"llama3_8b_2bw", "llama3_debugmodel_pp_2bw"}
+    assert len(found) == 3
+    assert {value(a, "--config") for a in found} == {"llama3_8b_2bw", "llama3_debugmodel_pp_2bw", "llama3_tiny_pp_2bw"}
 
 
 @pytest.mark.timeout(300)
@@ -60,6 +62,7 @@ def test_torchtitans_parser_builds_delaylabs_components_from_them():
     from torchtitan.config import ConfigManager
 
     from delaylab.integrations.torchtitan import DelayedLRSchedulersContainer, DelayedOptimizersContainer, pipelining_fn
+    from delaylab.integrations.torchtitan.checkpoint import DelayedCheckpointManager
 
     by_config = {value(a, "--config"): a for a in commands()}
     simulated, real = by_config["llama3_8b_2bw"], by_config["llama3_debugmodel_pp_2bw"]
@@ -72,5 +75,8 @@ def test_torchtitans_parser_builds_delaylabs_components_from_them():
     assert (cfg.optimizer.delay, cfg.optimizer.correction, cfg.optimizer.ef_lag) == (0, "ef", 1)
     assert cfg.parallelism.pipeline_parallel_schedule == "2BW" and cfg.parallelism.pipeline_parallel_degree == 2
     assert cfg.training.disable_cuda_graphs
+    assert isinstance(cfg.checkpoint, DelayedCheckpointManager.Config)  # it drains the pipe, no user code
     cfg = ConfigManager().parse_args([*simulated, "--optimizer.stage_delays", "3", "2", "1", "0"])
     assert cfg.optimizer.stage_delays == [3, 2, 1, 0]
+    cfg = ConfigManager().parse_args(by_config["llama3_tiny_pp_2bw"])
+    assert cfg.parallelism.pipeline_parallel_schedule == "2BW" and cfg.training.mixed_precision_param == "float32"

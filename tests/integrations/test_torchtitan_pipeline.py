@@ -46,11 +46,32 @@ def _build(schedule: str, dump: str) -> dict:
         ac_config=cfg.activation_checkpoint, dump_folder=dump, device=torch.device("cpu"), model_config=spec.model,
         parallelize_fn=spec.parallelize_fn, loss_fn=cfg.loss.build(compile_config=cfg.compile))
     stage = sched._stage
-    return {"schedule": type(sched).__name__, "stage": stage.stage_index, "stages": stage.num_stages,
+    return {"norm_devices": _norm_devices_on_a_filling_call(sched, parts, dims), "schedule": type(sched).__name__, "stage": stage.stage_index, "stages": stage.num_stages,
             "microbatches": sched._n_microbatches, "first": first, "last": last, "parts": len(parts),
             "tag": getattr(parts[0], "_delaylab_stage", None), "same_module": stage.submod is parts[0],
             "fsdp": any("FSDP" in c.__name__ for c in type(parts[0]).__mro__),
             "layers": sorted(parts[0].layers.keys()), "delay": getattr(sched, "delay", None)}
+
+
+def _norm_devices_on_a_filling_call(sched, parts, dims) -> list[str]:
+    """The device of what torchtitan's gradient clip all-reduces over the pipeline after a call that
+    releases no gradient. The model is on ``meta`` here, as a GPU would be: a norm made on the CPU
+    (``get_total_norm([])`` of no gradients) shows as ``cpu``, which NCCL refuses. The collective
+    itself is recorded, not run (gloo has no meta tensors)."""
+    import torch.distributed as dist
+    from torchtitan.distributed import utils as dist_utils
+
+    if not hasattr(sched, "flush"):
+        return []
+    seen, all_reduce = [], dist.all_reduce
+    dist.all_reduce = lambda tensor, *a, **k: seen.append(tensor.device.type)
+    try:
+        sched.flush()  # nothing in flight: releases nothing, as the first call of a run
+        dist_utils.clip_grad_norm_([p for m in parts for p in m.parameters()], 1.0, foreach=None,  # none on meta
+                                   pp_mesh=dims.get_optional_mesh("pp"))
+    finally:
+        dist.all_reduce = all_reduce
+    return seen
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +95,7 @@ def test_pipelining_fn_builds_schedule2bw_on_torchtitans_own_stages(ranks):
         assert got["microbatches"] == 4  # local batch 8 / microbatch 2
         assert (got["first"], got["last"]) == (r == 0, r == 1)
         assert got["same_module"] and not got["fsdp"]  # the plain stage module the schedule copies
+        assert got["norm_devices"] == ["meta"]  # the parameters' device, not the CPU
     # torchtitan's own split of the 6-layer debug model over 2 stages
     assert ranks[0]["2BW"]["layers"] + ranks[1]["2BW"]["layers"] == [str(i) for i in range(6)]
 

@@ -204,9 +204,10 @@ def test_added_group_takes_an_explicit_delay():
         opt.add_param_group({"params": [y]})
     opt.add_param_group({"params": [y]}, delay=1)
     assert opt.delays == [0, 2, 1] and opt.ef_lags == [0, 2, 1]
-    y.grad = torch.ones(2)
-    opt.step()
-    assert opt.group_updates[2] == 0 and y.grad is None  # its queue is filling
+    g = y.grad = torch.ones(2)
+    x.grad = torch.ones(2)
+    opt.step()  # x updates, y's queue fills: y's gradient is queued (a copy), left in place, not applied
+    assert opt.group_updates[2] == 0 and y.grad is g and not y.any() and torch.equal(x, torch.full((2,), -0.1))
 
 
 # -- (c) state_dict in mid-queue ----------------------------------------------------------------

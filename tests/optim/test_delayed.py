@@ -75,11 +75,12 @@ def test_fill_calls_report_no_update():
     opt = Delayed(torch.optim.SGD([x], lr=LR), delay=2)
     flags = []
     for c in range(4):
-        x.grad = torch.tensor(grad(x.detach().numpy(), c))
+        before = x.detach().clone()
+        g = x.grad = torch.tensor(grad(x.detach().numpy(), c))
         opt.step()
         flags.append(opt.updated)
-        if not opt.updated:
-            assert x.grad is None
+        if not opt.updated:  # the gradient is queued (a copy) and left in p.grad, not applied
+            assert x.grad is g and torch.equal(x, before)
     assert flags == [False, False, True, True]
 
 

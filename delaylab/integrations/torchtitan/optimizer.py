@@ -16,8 +16,10 @@ there, and what this module does about it:
    so a fresh process's state dict is a complete template for DCP's load.
 3. The LR scheduler steps once per call; with a delay it would run ``tau`` updates ahead.
    :class:`DelayedLRSchedulersContainer` sets each param group's lr from its own update count.
-4. A call with no gradient at all (a pipeline schedule's fill call, ``Schedule2BW``'s first
-   batch) is not an update: the container skips it.
+4. A call that releases no gradient (an asynchronous schedule's fill call, ``Schedule2BW``'s first
+   batch) is not an update: the container skips it. Under delaylab's ``pipelining_fn`` the schedule
+   says so itself (``released``; it leaves zero gradients then, see ``zero_fill``); otherwise a call
+   with no gradient at all is a fill.
 
 Per-stage delays (``stage_delays``, PipeDream's ``[P-1, ..., 0]``): with pipeline parallelism
 each model part carries its stage index (:data:`STAGE_ATTR`, set by this package's
@@ -44,9 +46,10 @@ from delaylab.errors import ConfigError
 from delaylab.optim import Delayed
 from delaylab.optim import corrections as registry
 
-__all__ = ["DelayedOptimizersContainer", "DelayedLRSchedulersContainer", "STAGE_ATTR"]
+__all__ = ["DelayedOptimizersContainer", "DelayedLRSchedulersContainer", "STAGE_ATTR", "SCHEDULE_ATTR"]
 
 STAGE_ATTR = "_delaylab_stage"  # a model part's pipeline stage index (set by delaylab's pipelining_fn)
+SCHEDULE_ATTR = "_delaylab_schedule"  # a model part's asynchronous schedule (Schedule2BW), when it has one
 PER_QUEUED = ("queue", "snapshots")  # per-parameter buffers with one entry per queued gradient
 
 
@@ -90,6 +93,7 @@ class DelayedOptimizersContainer(OptimizersContainer):
                 if t >= len(self._stage_delays):
                     raise ConfigError(f"stage_delays has {len(self._stage_delays)} entries, the model part of "
                                       f"stage {t} has none")
+        self._schedules = [s for m in model_parts if (s := getattr(m, SCHEDULE_ATTR, None)) is not None]
         super().__init__(config, model_parts=model_parts)
         part_of = {id(p): i for i, m in enumerate(model_parts) for p in m.parameters()}
         self.optimizers = [
@@ -136,13 +140,26 @@ class DelayedOptimizersContainer(OptimizersContainer):
     def step(self, closure=None) -> None:
         assert closure is None, "DelayedOptimizersContainer does not support closures"
         self._drop_placeholders()
-        if not any(p.grad is not None for d in self.optimizers for g in d.param_groups for p in g["params"]):
-            self.updated = False  # no gradient anywhere (a pipeline's fill): not an update
+        if self._schedules:
+            fill = not any(s.released for s in self._schedules)
+        else:
+            fill = not any(p.grad is not None for d in self.optimizers for g in d.param_groups for p in g["params"])
+        if fill:  # a pipeline's fill: not an update
+            self.updated = False
             return None
         for d in self.optimizers:
             d.step()
         self.updated = any(d.updated for d in self.optimizers)
         return None
+
+    def flush(self) -> bool:
+        """One more update per optimizer with its oldest queued gradient (``Delayed.flush``): the end
+        of training applies what the simulated pipeline still holds, as a drained pipeline does."""
+        self._drop_placeholders()
+        for d in self.optimizers:
+            d.flush()
+        self.updated = any(d.updated for d in self.optimizers)
+        return self.updated
 
     # -- DCP state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import dataclasses
 
 from delaylab.errors import ConfigError
 from delaylab.integrations.pipelining import SCHEDULES
-from delaylab.integrations.torchtitan.optimizer import STAGE_ATTR
+from delaylab.integrations.torchtitan.optimizer import SCHEDULE_ATTR, STAGE_ATTR
 
 __all__ = ["pipelining_fn"]
 
@@ -44,14 +44,51 @@ def pipelining_fn(model, *, parallel_dims, parallelism, parallelize_fn, **kwargs
             if getattr(parallel_dims, dim) > 1:
                 raise ConfigError(f"{cls.__name__} runs pipeline parallelism alone (plain stage modules); "
                                   f"{dim} = {getattr(parallel_dims, dim)}: set pipeline_parallel_degree to the world size")
-        carrier = dataclasses.replace(parallelism, pipeline_parallel_schedule="GPipe")  # one stage per rank
-        base, parts, first, last = pipeline_llm(model, parallel_dims=parallel_dims, parallelism=carrier,
-                                                parallelize_fn=_stage_parallelize, **kwargs)
-        stages = [base._stage]
-        schedule = cls(base._stage, base._n_microbatches, loss_fn=base._loss_fn, scale_grads=False)
+        schedule, parts, first, last = _async_pipeline(cls, model, parallel_dims=parallel_dims,
+                                                       parallelism=parallelism, **kwargs)
+        stages = [schedule._stage]
+        for part in parts:  # the optimizer container and the checkpointer find the schedule here
+            setattr(part, SCHEDULE_ATTR, schedule)
     for part, stage in zip(parts, stages):
         setattr(part, STAGE_ATTR, stage.stage_index)
     return schedule, parts, first, last
+
+
+def _async_pipeline(cls, model, *, parallel_dims, parallelism, training, device, model_config, loss_fn, **kwargs):
+    """``pipeline_llm``'s split (one stage per rank, as for GPipe) under ``cls``: torchtitan's stages
+    and model parts, the stage modules left plain (see the module)."""
+    from torchtitan.distributed.pipeline_parallel import (
+        _build_get_mesh_callback,
+        _generate_llm_fqn_per_model_part,
+        _get_pipeline_metadata,
+        _pipeline_module_split,
+    )
+    from torchtitan.tools.logging import logger
+
+    name = parallelism.pipeline_parallel_schedule
+    single = dataclasses.replace(parallelism, pipeline_parallel_schedule="GPipe")  # torchtitan's one-stage-per-rank
+    stages_total, layers, input_weight, output_weight = _get_pipeline_metadata(parallel_dims, single, model_config)
+    fqns = parallelism.module_fqns_per_model_part or _generate_llm_fqn_per_model_part(
+        stages_total, layers, input_weight, output_weight)
+    stages, parts = _pipeline_module_split(model, parallel_dims.get_mesh("pp"), "GPipe", device, fqns,
+                                           get_mesh=_build_get_mesh_callback(parallel_dims))
+    for i, part in enumerate(parts):
+        parts[i] = stages[i].submod = _stage_parallelize(part, **kwargs)
+    mbs = parallelism.pipeline_parallel_microbatch_size
+    if training.local_batch_size % mbs:
+        raise ConfigError(f"local batch size {training.local_batch_size} is not a multiple of the pipeline "
+                          f"microbatch size {mbs}")
+
+    def scalar_loss(*args, **kw):  # torch's schedules take the loss alone; torchtitan's returns (loss, metrics)
+        return loss_fn(*args, **kw)[0]
+
+    # zero_fill: torchtitan reduces the gradient norm over the pipeline before every optimizer step,
+    # also on a call that releases no gradient, and NCCL refuses the CPU norm of an empty list.
+    schedule = cls(stages[0], training.local_batch_size // mbs, loss_fn=scalar_loss, scale_grads=False,
+                   zero_fill=True)
+    logger.info(f"Using pipeline schedule {name} (delaylab {cls.__name__}, delay {schedule.delay} on this stage) "
+                f"with {schedule._n_microbatches} microbatches and {stages[0].num_stages} stages.")
+    return schedule, parts, stages[0].is_first, stages[0].is_last
 
 
 def _stage_parallelize(model, *, compile_config, ac_config, dump_folder, **_):
