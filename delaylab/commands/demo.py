@@ -35,7 +35,7 @@ def cmd_demo(args) -> int:
 
     # 10 validations per run: enough points for the iso-loss token overhead (the sweep warns below 8)
     base = Config.from_dict(preset="small", batch_size=16, block_size=64, steps=args.steps, threads=1,
-                            eval_every=max(1, args.steps // 10))
+                            eval_every=max(1, args.steps // 10), muon_ns_dtype=args.muon_ns_dtype)
     lrs = {name: [LRS[name]] for name in args.optimizers if name in LRS}
     gaps = sweep(base, args.out, args.optimizers, ("sync", "delayed", "ef"), lrs=lrs or None, seeds=args.seeds,
                  jobs=args.jobs)
@@ -72,5 +72,8 @@ def register(sub) -> None:
     p.add_argument("--optimizers", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                    default=["adamw", "muon"], help="comma-separated (default adamw,muon)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs in parallel, one thread each (default 2)")
+    p.add_argument("--muon-ns-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="Muon's Newton-Schulz dtype (default auto: bfloat16 where the CPU computes it natively, "
+                        "else float32)")
     add_json_flag(p)
     p.set_defaults(func=cmd_demo)

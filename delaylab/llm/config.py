@@ -82,6 +82,9 @@ class OptimConfig:
     lr: float | None = _f(None, "peak learning rate (default: the optimizer's)", range="(0, inf)")
     momentum: float | None = _f(None, "the optimizer's momentum knob (AdamW beta1, Muon momentum, ...)", range="[0, 1)")
     weight_decay: float | None = _f(None, "weight decay (default: the optimizer's)", range="[0, inf)")
+    muon_ns_dtype: str = _f("auto", "Muon/LMO Newton-Schulz dtype: auto (bfloat16 on a GPU or a CPU with native "
+                            "bf16, else float32), bfloat16 (torch's Muon bit for bit) or float32",
+                            choices=("auto", "bfloat16", "float32"))
 
 
 @dataclass
@@ -283,7 +286,19 @@ class Config:
     def optimizer_kwargs(self) -> dict:
         """What ``delaylab.optim.build_optimizer`` takes besides the name and the parameters."""
         o = self.optim
-        return dict(lr=self.resolved_lr(), momentum=o.momentum, weight_decay=o.weight_decay)
+        ns = {"ns_dtype": o.muon_ns_dtype} if o.optimizer in ("muon", "lmo") else {}
+        return dict(lr=self.resolved_lr(), momentum=o.momentum, weight_decay=o.weight_decay, **ns)
+
+    def ns_dtype(self) -> str | None:
+        """The Newton-Schulz dtype this run computes in (``auto`` resolved on its device); None
+        without Newton-Schulz."""
+        if self.optim.optimizer not in ("muon", "lmo"):
+            return None
+        if self.model.dtype == "float64":
+            return "float64"
+        from delaylab.optim.registry import resolve_ns_dtype
+
+        return str(resolve_ns_dtype(self.optim.muon_ns_dtype, self.torch_device())).removeprefix("torch.")
 
     def torch_device(self, local_rank: int | None = None):
         """``auto``: CUDA when present (``cuda:local_rank`` for a rank), else the CPU."""

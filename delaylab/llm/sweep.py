@@ -25,11 +25,13 @@ import json
 import math
 import shutil
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from delaylab._io import write_json
+from delaylab._progress import Progress
 from delaylab.errors import ConfigError, Diverged
 from delaylab.llm import metrics
 from delaylab.llm.checkpoint import ROOT, latest_complete
@@ -276,8 +278,6 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
 def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=None,
           momenta=None, seeds=1, jobs: int = 1, progress: bool | None = None) -> dict:
     """Run the grid (``jobs`` cells at a time, one thread each when ``jobs > 1``) and return gaps.json."""
-    from tqdm.auto import tqdm
-
     base.resolved()
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
@@ -301,21 +301,27 @@ def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=No
         if diff:
             raise ConfigError(f"{out} holds a sweep with another base config ({'; '.join(diff)}); use another --out")
     write_json(spec_path, {"base": base_dict, "cells": [c.name for c in cells]})
-    bar = tqdm(total=len(cells), disable=None if progress is None else not progress, desc="sweep", unit="run")
+    bar = Progress("sweep", len(cells), progress)
+
+    def finished(c: Cell, result: dict, seconds: float | None) -> None:
+        results[c] = result
+        loss = result.get("val_loss")
+        bar.update(c.name, seconds, "diverged" if loss is None else f"val loss {loss:.3f}")
+
     results = {}
     try:
         if jobs == 1:
             for c in cells:
-                results[c] = run_cell(base_dict, c, str(out / "cells" / c.name))
-                bar.update(1)
+                t0 = time.perf_counter()
+                finished(c, run_cell(base_dict, c, str(out / "cells" / c.name)), time.perf_counter() - t0)
         else:
             import multiprocessing as mp
 
             with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
                 futures = {pool.submit(run_cell, base_dict, c, str(out / "cells" / c.name)): c for c in cells}
-                for fut in futures:
-                    results[futures[fut]] = fut.result()
-                    bar.update(1)
+                for fut in as_completed(futures):
+                    result = fut.result()
+                    finished(futures[fut], result, result.get("train_time_s"))
     finally:
         bar.close()
     records = [{"optimizer": c.optimizer, "mode": c.mode, "lr": c.lr, "momentum": c.momentum,

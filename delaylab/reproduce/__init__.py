@@ -91,11 +91,12 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
                 f.write(json.dumps(session) + "\n")
     sessions = [json.loads(line) for line in (out / SESSIONS).read_text().splitlines() if line.strip()]
     rep = report.build(p, out, sessions)
+    lines = report.runs_jsonl(p, out)
+    rep["ns_dtypes"] = report.ns_dtypes(lines)
     write_json(out / "report.json", rep)
     (out / "report.md").write_text(report.markdown(rep))
     from delaylab._io import dumps
 
-    lines = report.runs_jsonl(p, out)
     tmp = out / (report.RUNS + ".tmp")
     tmp.write_text("".join(dumps(line) + "\n" for line in lines))
     os.replace(tmp, out / report.RUNS)

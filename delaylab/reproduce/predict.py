@@ -41,8 +41,8 @@ def direction_beta(optimizer: str, momentum: float | None = None) -> tuple[float
     block = torch.nn.Module()
     block.blocks = torch.nn.Linear(4, 4, bias=False)  # a hidden matrix, which Muon takes
     group = build_optimizer(optimizer, block, momentum=momentum).param_groups[0]
-    if optimizer == "muon":
-        return float(group["momentum"]), bool(group.get("nesterov", False))
+    if optimizer == "muon":  # torch's Muon (bfloat16 Newton-Schulz) or LMOMomentum (float32): beta
+        return float(group["momentum"] if "momentum" in group else group["beta"]), bool(group.get("nesterov", False))
     if optimizer == "lion":
         return float(group["betas"][1]), True
     if optimizer == "lmo":

@@ -205,7 +205,7 @@ def runs_jsonl(p: Preset, out: Path) -> list[dict]:
             "sync_cooldown": r.base.get("sync_cooldown", 0), "dc_lambda": r.base.get("dc_lambda"),
             "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
             "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
-            "val_curve": curve})
+            "ns_dtype": summary.get("ns_dtype"), "val_curve": curve})
     if p.toy is not None:
         for r in [r for g in P.toy(p).values() for r in g]:
             res = read_summary(out, r)
@@ -216,6 +216,15 @@ def runs_jsonl(p: Preset, out: Path) -> list[dict]:
                               "tolerance": res["tolerance"], "holds": res["holds"],
                               "points": [{k: pt[k] for k in ("T", "measured", "bound", "ci")} for pt in res["points"]]})
     return lines
+
+
+def ns_dtypes(lines: list[dict]) -> dict:
+    """``{dtype: runs}`` of the Newton-Schulz iterations the report's Muon/LMO runs computed in."""
+    out: dict = {}
+    for line in lines:
+        if line.get("ns_dtype"):
+            out[line["ns_dtype"]] = out.get(line["ns_dtype"], 0) + 1
+    return out
 
 
 # -- Markdown -----------------------------------------------------------------------------------------
@@ -527,6 +536,10 @@ def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
              f"{report['preset_summary']}.", "", f"Made by `{report['command']}`. Every GPT run is a line of "
              f"`{report.get('runs_file', RUNS)}` beside this report.", ""]
+    if report.get("ns_dtypes"):
+        lines += ["Muon's Newton-Schulz iteration ran in " + ", ".join(
+            f"{dtype} ({n} runs)" for dtype, n in sorted(report["ns_dtypes"].items())) + " (`ns_dtype` in "
+            f"`{report.get('runs_file', RUNS)}`).", ""]
     sessions = report.get("sessions") or []
     rereads = [s for s in sessions if not s["computed"] and s.get("status", "finished") == "finished"]
     for s in sessions:

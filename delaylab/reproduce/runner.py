@@ -141,7 +141,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
     them here, one after the other. ``counts`` (updated as runs finish, also when this raises):
     ``computed``, ``read``, ``runs`` and ``seconds``.
     """
-    from tqdm.auto import tqdm
+    from delaylab._progress import Progress
 
     if workers < 1:
         raise ConfigError(f"jobs must be >= 1, got {workers}")
@@ -149,26 +149,26 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
     seen: set[str] = set()
     counts = counts if counts is not None else {}
     counts.update(computed=0, read=0, runs=0, seconds=0.0)
-    bar = tqdm(total=0, desc="reproduce", unit="run", disable=None if progress is None else not progress)
+    bar = Progress("reproduce", 0, progress)
 
     def new_runs() -> list:
         fresh = [r for r in plan(out) if r.folder not in seen]
         seen.update(r.folder for r in fresh)
-        bar.total = len(seen)
-        bar.refresh()
+        bar.set_total(len(seen))
         return fresh
 
-    def done(computed: bool) -> None:
+    def done(computed: bool, r) -> None:
         counts["computed" if computed else "read"] += 1
         counts["seconds"] = time.perf_counter() - start
-        bar.update(1)
+        seconds = (read_summary(out, r) or {}).get("train_time_s") if computed else None
+        bar.update(r.folder, seconds, read=not computed)
 
     try:
         queue = new_runs()
         if workers == 1:
             while queue:
                 for r in queue:
-                    done(_checked(execute, r, out))
+                    done(_checked(execute, r, out), r)
                 queue = new_runs()
         else:
             import multiprocessing as mp
@@ -182,7 +182,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
                 while queue or pending:
                     for r in queue:
                         if (Path(out) / r.folder / SUMMARY).is_file():
-                            done(False)  # finished earlier: read, no process needed
+                            done(False, r)  # finished earlier: read, no process needed
                             continue
                         if pool is None:
                             pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
@@ -191,7 +191,7 @@ def run(out: Path, plan: Callable[[Path], list], workers: int = 2, progress: boo
                         finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                         for fut in finished:
                             r = pending.pop(fut)
-                            done(_checked(fut.result, folder=r.folder))
+                            done(_checked(fut.result, folder=r.folder), r)
                     queue = new_runs()
             except (KeyboardInterrupt, Preempted):
                 interrupted = True

@@ -18,7 +18,7 @@ from delaylab.llm.model import GPT, MLP, GPTConfig, MoE, moe_load, preset
 from delaylab.llm.pipeline.stages import Stage
 from delaylab.llm.run.rank import run_jobs
 from delaylab.llm.run.trainer import Trainer, train, train_replicas
-from delaylab.optim import build_optimizer
+from delaylab.optim import LMOMomentum, build_optimizer
 
 TOL = 1e-10
 
@@ -207,7 +207,7 @@ def test_muon_orthogonalizes_each_expert_matrix_and_gives_the_router_to_adamw():
     model = GPT(preset("tiny", moe_experts=4, moe_top_k=2))
     for module in (model, Stage(model, 1, 2)):  # the whole model, and a pipeline stage
         opt = build_optimizer("muon", module)
-        muon = {id(p) for o in opt.optimizers if isinstance(o, torch.optim.Muon)
+        muon = {id(p) for o in opt.optimizers if isinstance(o, (torch.optim.Muon, LMOMomentum))  # bf16 / float32 NS
                 for g in o.param_groups for p in g["params"]}
         names = dict(module.named_parameters())
         experts = [n for n in names if ".experts." in n]

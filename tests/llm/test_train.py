@@ -10,6 +10,7 @@ from delaylab.llm.model import GPT
 from delaylab.llm.config import lr_factor
 from delaylab.llm.model import stage_ranges
 from delaylab.llm.run.trainer import Trainer, train
+from delaylab.optim import LMOMomentum
 
 
 def weights(trainer):
@@ -135,9 +136,11 @@ def test_n_layer_overrides_the_preset_depth(quick, corpus):
 
 
 def test_muon_gets_exactly_the_hidden_matrices(quick, corpus):
-    trainer = Trainer(quick(optimizer="muon"), corpus)
+    trainer = Trainer(quick(optimizer="muon", muon_ns_dtype="bfloat16"), corpus)
     muon, adamw = trainer.opt.inner.optimizers
     assert isinstance(muon, torch.optim.Muon)
+    f32 = Trainer(quick(optimizer="muon", muon_ns_dtype="float32"), corpus).opt.inner.optimizers[0]
+    assert isinstance(f32, LMOMomentum) and f32.param_groups[0]["ns_dtype"] == torch.float32
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     got = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     want = {n for n, p in trainer.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2}

@@ -31,7 +31,7 @@ def test_every_optimizer_builds_and_decreases_atiny_loss(name):
 
 def test_muon_split_sends_hidden_matrices_to_muon_only():
     model = Tiny()
-    opt = build_optimizer("muon", model)
+    opt = build_optimizer("muon", model, ns_dtype="bfloat16")
     assert isinstance(opt, CombinedOptimizer)
     muon, adamw = opt.optimizers
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
@@ -51,7 +51,8 @@ def test_adamw_decays_only_matrices():
 def test_momentum_maps_to_each_optimizers_knob():
     p = [torch.zeros(3, 3, requires_grad=True)]
     assert build_optimizer("adamw", p, momentum=0.8).param_groups[0]["betas"][0] == 0.8
-    assert build_optimizer("muon", p, momentum=0.8).param_groups[0]["momentum"] == 0.8
+    assert build_optimizer("muon", p, momentum=0.8, ns_dtype="bfloat16").param_groups[0]["momentum"] == 0.8
+    assert build_optimizer("muon", p, momentum=0.8, ns_dtype="float32").param_groups[0]["beta"] == 0.8
     assert build_optimizer("sgd", p, momentum=0.8).param_groups[0]["momentum"] == 0.8
     assert build_optimizer("lmo", p, momentum=0.8).param_groups[0]["beta"] == 0.8
     assert build_optimizer("lion", p, momentum=0.8).param_groups[0]["betas"][1] == 0.8
@@ -145,9 +146,41 @@ def test_muon_on_float64_params_computes_in_float64():
 def test_muon_on_float32_params_is_still_torch_muon():
     gen = torch.Generator().manual_seed(0)
     w0, g = torch.randn(8, 6, generator=gen), torch.randn(8, 6, generator=gen)
-    ours, opt = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps))
+    ours, opt = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="bfloat16"))
     ref, _ = _muon_step(w0, g, lambda ps: torch.optim.Muon(ps, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0))
     assert type(opt) is torch.optim.Muon and torch.equal(ours, ref)
+
+
+def test_ns_dtype_auto_follows_what_the_cpu_computes_natively(monkeypatch):
+    """``auto``: bfloat16 where the CPU has bf16 arithmetic (AVX512-BF16/AMX; torch's Muon), float32
+    where it has not (the same method, LMOMomentum); a GPU keeps bfloat16."""
+    from delaylab.optim import registry
+
+    p = [torch.zeros(4, 3, requires_grad=True)]
+    for native, kind, dtype in ((True, torch.optim.Muon, None), (False, LMOMomentum, torch.float32)):
+        monkeypatch.setattr(registry, "cpu_has_native_bf16", lambda native=native: native)
+        opt = build_optimizer("muon", p)
+        assert type(opt) is kind and (dtype is None or opt.param_groups[0]["ns_dtype"] == dtype)
+    assert registry.resolve_ns_dtype("auto", "cuda") == torch.bfloat16  # no CPU question on a GPU
+    assert registry.resolve_ns_dtype("auto", "meta") == torch.bfloat16
+    with pytest.raises(ValueError, match="ns_dtype must be one of auto, bfloat16, float32"):
+        build_optimizer("muon", p, ns_dtype="float16")
+    with pytest.raises(ValueError, match="ns_dtype is a Newton-Schulz setting"):
+        build_optimizer("adamw", p, ns_dtype="float32")
+
+
+def test_float32_newton_schulz_is_the_float64_iteration_to_float32_rounding():
+    """The same step as torch's Muon with the iteration in float32: against the float64 iteration
+    (an independent computation) it is 1e-6 close, where bfloat16's is 1e-2 off."""
+    gen = torch.Generator().manual_seed(1)
+    w0, g = torch.randn(16, 12, generator=gen), torch.randn(16, 12, generator=gen)
+    exact, _ = _muon_step(w0.double(), g.double(), lambda ps: build_optimizer("muon", ps))
+    f32, opt = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="float32"))
+    bf16, _ = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="bfloat16"))
+    assert type(opt) is LMOMomentum
+    step = (exact - w0.double()).abs().max().item()
+    err32, err16 = ((f32.double() - exact).abs().max().item(), (bf16.double() - exact).abs().max().item())
+    assert err32 < 1e-5 * step * 100 and err16 > 100 * err32, (err32, err16, step)
 
 
 def test_muon_float64_split_keeps_adamw_for_the_rest():

@@ -108,7 +108,7 @@ def summary_base(cfg: Config) -> dict:
             "dp": cfg.parallel.dp, "dp_shard": cfg.parallel.dp_shard,
             "microbatches": cfg.data.grad_accum, "lr": cfg.resolved_lr(), "momentum": cfg.optim.momentum,
             "seed": cfg.run.seed, "preset": cfg.model.preset,
-            "dtype": cfg.model.dtype}
+            "dtype": cfg.model.dtype, "ns_dtype": cfg.ns_dtype()}
 
 
 def require_folder(folder: Path) -> dict:
