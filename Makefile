@@ -23,8 +23,9 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m delaylab demo --out $(DEMO_OUT)
 
+# Two workers (pytest-xdist), one test file each at a time: module fixtures are built once.
 test: install
-	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: install
 	MPLBACKEND=Agg $(PY) -m pytest -q -m slow
