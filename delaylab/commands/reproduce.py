@@ -29,6 +29,10 @@ def register(sub) -> None:
                         "min on 2 CPU cores; ci, ci-delays: seconds)")
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
+    p.add_argument("--rescore", action="store_true",
+                   help="re-score the report already in --out (report.json, runs.jsonl) under this version's verdict "
+                        "rule and rewrite report.json/report.md; runs no GPT run (the seeded toy EF comparison is "
+                        "rerun, seconds); prints every verdict whose state changed")
     add_config_flags(p, only=RUN_OVERRIDES, title="every GPT run of the report (the config's fields)")
     add_json_flag(p)
     p.set_defaults(func=cmd_reproduce)
@@ -45,9 +49,29 @@ def _render(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _render_changes(result: dict) -> str:
+    from delaylab.reproduce.rescore import changes_table
+
+    if not result["changes"]:
+        return f"{result['report']}: no verdict changed"
+    return "\n".join([f"{result['report']}: {len(result['changes'])} verdicts changed", "",
+                      *changes_table(result["changes"])])
+
+
 def cmd_reproduce(args) -> int:
+    from pathlib import Path
+
+    from delaylab.errors import ConfigError
     from delaylab.reproduce import get_preset, reproduce
 
+    if args.rescore:
+        from delaylab.reproduce.rescore import rescore_folder
+
+        if not (Path(args.out) / "report.json").is_file():
+            raise ConfigError(f"--rescore: {args.out}/report.json not found (run the report first)")
+        changes = rescore_folder(Path(args.out))
+        emit({"report": f"{args.out}/report.md", "changes": changes}, args.json, _render_changes)
+        return 0
     preset = get_preset(args.preset)
     given = given_fields(args, RUN_OVERRIDES)
     if given:  # the same data / device for every GPT run: the grids themselves stay the preset's

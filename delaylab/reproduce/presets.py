@@ -67,6 +67,9 @@ class LLMGrid:
     max_seeds: int = 10
     overhead: tuple[str, ...] = ()
     overhead_lengths: tuple[float, ...] = (1.5, 2, 4)
+    # Issue 36: the tolerance of a point claim, stated before any run (absent: a bare point, which the
+    # one rule can only find undetermined or disagreeing). ``adamw_muon_gap_ratio``: around the paper's 23.
+    tolerances: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -370,9 +370,12 @@ def _part_table(part: dict) -> list[str]:
                          for name in ("eta_sweep", "beta_sweep") for r in c[name]])
         if part["ef"]:
             lines += ["", "EF on the toy problem: its condition (delta_bar < 2/3) against what EF did:", ""]
-            lines += _table(["method", "delta_bar", "EF recovers", "predicted to help", "helped"],
+            lines += _table(["method", "delta_bar", "EF recovers", "predicted to help", "EF's gain (95% t)"],
                             [[r["method"], f"{r['delta_bar']:.2f}", f"{r['ef_recovers_pct']:.0f}%",
-                              YES[r["predicted_helps"]], YES[r["helps"]]] for r in part["ef"]])
+                              YES[r["predicted_helps"]],
+                              "n/a" if r.get("ef_gain_ci") is None else
+                              f"{r['ef_gain']:+.3f} [{r['ef_gain_ci'][0]:+.3f}, {r['ef_gain_ci'][1]:+.3f}]"]
+                             for r in part["ef"]])
         return lines
     return []
 

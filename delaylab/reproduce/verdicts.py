@@ -1,20 +1,24 @@
 """The report's one verdict rule and its one aggregation rule.
 
-Every claim the report scores, the paper's or the theory's, is a prediction set against a
-measured 95% interval and a null (what "no effect" would give):
+Every claim the report scores, the paper's or the theory's, is a claimed region R set against a
+measured 95% interval:
 
-- **undetermined** where there is no bounded interval (too few seeds, Fieller's set unbounded),
-  where an optimum it rests on is censored (at the edge of its lr grid), where a run behind it
-  broke the protocol (:func:`protocol_issues`), or where the interval contains both the
-  prediction and the null: the data cannot tell the two apart;
-- **agrees** where the interval meets the prediction (and excludes the null);
-- **disagrees** where it does not meet the prediction.
+- **agrees** where the interval lies inside R;
+- **disagrees** where it lies outside R (no point in common);
+- **undetermined** otherwise: the interval straddles an edge of R, so it also covers values the
+  claim excludes (Muon's EF share [14, 53]% against "50-90%" would have "agreed" with "10-40%" as
+  well), and where there is no bounded interval (too few seeds, Fieller's set unbounded), an
+  optimum it rests on is censored (at the edge of its lr grid), or a run behind it broke the
+  protocol (:func:`protocol_issues`).
 
-A prediction is a number (the theory's lr shift x0.975) or a range, ``(lo, hi)`` with None for
-an open end (the paper's "EF recovers 50-90%": ``(50, 90)``; "AdamW's gap is larger":
-``(0, None)`` against the null 0). A part's summary, for the paper and for the theory alike,
-is :func:`aggregate` of its scored states. Directions the theory gives without a number, and
-sketches (a number derived beside the theory, not from an encoded bound), are shown, not scored.
+R is a range ``(lo, hi)`` with None for an open end (the paper's "EF recovers 50-90%":
+``(50, 90)``; "AdamW's gap is larger": ``(0, None)``), or a point with the tolerance the preset
+states before any run (``(p - t, p + t)``). A bare point (a number with no tolerance, the theory's
+13.9%) has no inside: it can only be undetermined or disagree. Inside means strictly inside at a
+finite edge, so a direction agrees only where the interval excludes 0. A part's summary, for the
+paper and for the theory alike, is :func:`aggregate` of its scored states. Directions the theory
+gives without a number, and sketches (a number derived beside the theory, not from an encoded
+bound), are shown, not scored.
 """
 
 from __future__ import annotations
@@ -26,33 +30,48 @@ STATES = (AGREES, DISAGREES, UNDETERMINED)
 SUMMARIES = ("yes", "partly", "no", "undetermined", "n.a.")
 
 
-def _region(predicted) -> tuple[float, float]:
+def region(predicted, tolerance: float | None = None) -> tuple[float, float]:
+    """R as ``(lo, hi)`` with infinite open ends; a point is ``(p - tolerance, p + tolerance)``."""
     if isinstance(predicted, (tuple, list)):
         lo, hi = predicted
         return (-math.inf if lo is None else lo, math.inf if hi is None else hi)
-    return (predicted, predicted)
+    t = tolerance or 0.0
+    return (predicted - t, predicted + t)
 
 
-def state(interval, predicted, null: float, *, censored: bool = False, issues=()) -> str:
-    """The rule above. ``interval``: a bounded ``[lo, hi]`` or None; ``issues``: protocol breaches."""
-    if interval is None or censored or issues or predicted is None:
+def state(interval, predicted, null: float | None = None, *, censored: bool = False, issues=(),
+          tolerance: float | None = None, lr_dependent: bool = False) -> str:
+    """The rule above. ``interval``: a bounded ``[lo, hi]`` or None; ``issues``: protocol breaches;
+    ``lr_dependent``: the claim's state differs across the lrs the data cannot tell from the optimum.
+    ``null`` (what no effect would give) is kept in the score for the reader; the rule does not use it."""
+    if interval is None or censored or issues or lr_dependent or predicted is None:
         return UNDETERMINED
     lo, hi = interval
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return UNDETERMINED
-    p_lo, p_hi = _region(predicted)
-    meets = p_lo <= hi and lo <= p_hi
-    if meets and lo <= null <= hi:
-        return UNDETERMINED
-    return AGREES if meets else DISAGREES
+    r_lo, r_hi = region(predicted, tolerance)
+    if hi < r_lo or lo > r_hi:
+        return DISAGREES
+    if r_lo < lo and hi < r_hi:
+        return AGREES
+    return UNDETERMINED
 
 
-def score(claim: str, interval, predicted, null: float, *, censored: bool = False, issues=(),
-          measured: float | None = None) -> dict:
+def score(claim: str, interval, predicted, null: float | None = None, *, censored: bool = False, issues=(),
+          measured: float | None = None, tolerance: float | None = None, lr_dependent: bool = False) -> dict:
     """One scored claim: its inputs and its state (what a reader needs to recompute it)."""
     return {"claim": claim, "measured": measured, "interval": interval, "predicted": predicted, "null": null,
-            "censored": bool(censored), "issues": sorted(set(issues)),
-            "state": state(interval, predicted, null, censored=censored, issues=issues)}
+            "tolerance": tolerance, "censored": bool(censored), "issues": sorted(set(issues)),
+            "lr_dependent": bool(lr_dependent),
+            "state": state(interval, predicted, null, censored=censored, issues=issues, tolerance=tolerance,
+                           lr_dependent=lr_dependent)}
+
+
+def rescore(sc: dict) -> dict:
+    """A score dict (as a report stores it) with its state under this rule."""
+    return score(sc["claim"], sc["interval"], sc["predicted"], sc.get("null"), censored=sc["censored"],
+                 issues=sc["issues"], measured=sc.get("measured"), tolerance=sc.get("tolerance"),
+                 lr_dependent=sc.get("lr_dependent", False))
 
 
 def why(s: dict) -> str:
@@ -63,9 +82,14 @@ def why(s: dict) -> str:
         return "protocol: " + "; ".join(s["issues"])
     if s["censored"]:
         return "optimum censored at the lr grid's edge"
+    if s.get("lr_dependent"):
+        return "depends on the lr choice: see the lr line"
     if s["interval"] is None:
         return "no bounded interval"
-    return "the interval contains both the prediction and the null"
+    lo, hi = region(s["predicted"], s.get("tolerance"))
+    if lo == hi:
+        return "a point with no stated tolerance: the interval contains it"
+    return "the interval straddles an edge of the claimed region"
 
 
 def aggregate(states: list) -> str:

@@ -442,6 +442,9 @@ def compare(
             if "delayed" in values and "ef" in values:
                 full = float((values["delayed"] - base).mean())
                 row["ef_recovers"] = float((values["delayed"] - values["ef"]).mean()) / full if full > 0 else None
+                # EF's gain, paired by seed, relative to sync's mean: the interval finding 6 scores
+                gain, lo, hi = interval((values["delayed"] - values["ef"]) / base.mean())
+                row["ef_gain"], row["ef_gain_ci"] = gain, [lo, hi]
         _, pred, _ = _predicted_gap(sync, Setting(problem, name, delay), eta, beta, steps)
         row["predicted_relative_gap"] = pred
         rows.append(row)

@@ -13,29 +13,57 @@ from delaylab.reproduce.runner import LLMRun
 BASE = {"preset": "tiny", "steps": 100, "eval_every": 10, "ckpt_every": 50}
 
 
-@pytest.mark.parametrize("interval,predicted,null,want", [
-    ([0.6, 0.9], 0.8, 1.0, V.AGREES),          # meets the prediction, excludes the null
-    ([0.6, 1.1], 0.8, 1.0, V.UNDETERMINED),    # contains both
-    ([0.6, 0.7], 0.8, 1.0, V.DISAGREES),       # misses the prediction
-    ([1.2, 1.5], 0.8, 1.0, V.DISAGREES),       # the other side of the null
-    ([0.1, 0.3], (0, None), 0.0, V.AGREES),    # a gap resolved on the predicted side
-    ([-0.1, 0.3], (0, None), 0.0, V.UNDETERMINED),
-    ([-0.3, -0.1], (0, None), 0.0, V.DISAGREES),
-    ([55, 94], (50, 90), 0.0, V.AGREES),       # EF recovers 50-90%: the interval meets the range
-    ([-51, 64], 13.9, 0.0, V.UNDETERMINED),    # sync start's 13.9% "agreed" on [-51, 64] before issue 24
-    ([17, 30], (50, 90), 0.0, V.DISAGREES),
-    (None, 0.8, 1.0, V.UNDETERMINED),          # no bounded interval
+@pytest.mark.parametrize("interval,predicted,tolerance,want", [
+    ([0.1, 0.3], (0, None), None, V.AGREES),       # a direction: the interval excludes 0 on its side
+    ([-0.1, 0.3], (0, None), None, V.UNDETERMINED),
+    ([-0.3, -0.1], (0, None), None, V.DISAGREES),
+    ([55, 85], (50, 90), None, V.AGREES),          # inside the paper's 50-90%
+    ([55, 94], (50, 90), None, V.UNDETERMINED),    # "agreed" before issue 36: it touches the range
+    ([17, 30], (50, 90), None, V.DISAGREES),
+    ([0.6, 0.9], 0.8, None, V.UNDETERMINED),       # a bare point can be contained, never agreed with
+    ([0.6, 0.7], 0.8, None, V.DISAGREES),
+    ([0.78, 0.84], 0.8, 0.05, V.AGREES),           # a point with a stated tolerance is a range
+    ([0.78, 0.86], 0.8, 0.05, V.UNDETERMINED),
+    (None, (0, None), None, V.UNDETERMINED),       # no bounded interval
 ])
-def test_the_one_rule(interval, predicted, null, want):
-    assert V.state(interval, predicted, null) == want
+def test_the_one_rule(interval, predicted, tolerance, want):
+    assert V.state(interval, predicted, tolerance=tolerance) == want
+
+
+# The seven non-directional "agrees" of the committed reports before issue 36 (EF against 50-90%,
+# sync start against the theory's 13.9%): each straddles an edge, so each is undetermined now.
+STRADDLING = [([14, 53], (50, 90)), ([6, 64], (50, 90)), ([21, 111], (50, 90)), ([19, 58], (50, 90)),
+              ([9, 61], 13.9), ([2, 65], 13.9)]
+
+
+@pytest.mark.parametrize("interval,predicted", STRADDLING)
+def test_an_interval_that_also_covers_the_opposite_claim_is_undetermined(interval, predicted):
+    assert V.state(interval, predicted) == V.UNDETERMINED
+    assert V.state([14, 53], (10, 40)) == V.UNDETERMINED  # Muon's share against "EF recovers 10-40%" too
+
+
+def test_no_interval_agrees_with_two_disjoint_claims():
+    """Exhaustively on a grid: regions that do not overlap never both agree with one interval."""
+    edges = [-2.0, -1.0, 0.0, 0.5, 1.0, 2.0]
+    regions = [(a, b) for a in [None, *edges] for b in [*edges, None] if a is None or b is None or a < b]
+    for lo in edges:
+        for hi in [e for e in edges if e >= lo]:
+            agreed = [r for r in regions if V.state([lo, hi], r) == V.AGREES]
+            for r1 in agreed:
+                for r2 in agreed:
+                    lo1, hi1 = V.region(r1)
+                    lo2, hi2 = V.region(r2)
+                    assert max(lo1, lo2) < min(hi1, hi2), (lo, hi, r1, r2)  # they overlap
 
 
 def test_censored_or_broken_protocol_is_undetermined_whatever_the_interval():
-    assert V.state([0.6, 0.9], 0.8, 1.0, censored=True) == V.UNDETERMINED
-    assert V.state([0.6, 0.9], 0.8, 1.0, issues=["muon momentum 0.95 needs 200 updates after warmup, has 190"]) \
+    assert V.state([0.6, 0.9], (0.5, 1), censored=True) == V.UNDETERMINED
+    assert V.state([0.6, 0.9], (0.5, 1), issues=["muon momentum 0.95 needs 200 updates after warmup, has 190"]) \
         == V.UNDETERMINED
-    sc = V.score("x", [0.6, 0.9], 0.8, 1.0, censored=True)
+    sc = V.score("x", [0.6, 0.9], (0.5, 1), censored=True)
     assert V.why(sc) == "optimum censored at the lr grid's edge"
+    assert V.why(V.score("x", [0.6, 0.9], 0.8)) == "a point with no stated tolerance: the interval contains it"
+    assert V.why(V.score("x", [0.6, 1.1], (0.5, 1))) == "the interval straddles an edge of the claimed region"
 
 
 def test_one_aggregation():

@@ -1,0 +1,137 @@
+"""A written report re-scored under this version's verdict rule, without rerunning its GPT runs.
+
+Every stored score (``report.json``'s verdicts and theory numbers keep the interval, the claimed
+region, the tolerance, censoring and protocol issues) is re-scored by :func:`verdicts.rescore`.
+Two verdicts need more than a stored score and are recomputed from what the report keeps:
+
+- finding 1's order claims, held to every lr the data cannot tell from each optimum, and its size
+  claim, from ``runs.jsonl``'s rows (:func:`findings.optimizer_verdicts`);
+- finding 6, from its stored rate rows with the per-T intervals of ``runs.jsonl``'s toy lines, and
+  EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
+  to the stored one, so a changed toy code cannot pass silently).
+
+The part summaries and the theory column follow by the one aggregation rule. ``changes`` lists
+every scored verdict whose state moved, before -> after.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+from delaylab.reproduce import findings as F
+from delaylab.reproduce import plan as P
+from delaylab.reproduce import verdicts as V
+from delaylab.reproduce.presets import Preset
+
+
+def _runs(folder: Path) -> list[dict]:
+    path = folder / "runs.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def _rows(p: Preset, lines: list[dict]) -> list[dict]:
+    """runs.jsonl's main-grid GPT lines as the findings' rows (:func:`plan.records`' fields)."""
+    return [{"optimizer": x["optimizer"], "mode": x["mode"], "lr": x["lr"], "momentum": x["momentum"],
+             "seed": x["seed"], "val_loss": x["val_loss"], "run": x["folder"], "variant": x["variant"],
+             "issues": V.protocol_issues(x["optimizer"], x["momentum"], x["steps"], x["warmup"])}
+            for x in lines if x["kind"] == "gpt" and x["variant"] == P.MAIN]
+
+
+def _optimizers(p: Preset, part: dict, lines: list[dict]) -> None:
+    by = {r["optimizer"]: r for r in part["rows"]}
+    verdicts, numbers, robust, adamw_vs_muon = F.optimizer_verdicts(p, _rows(p, lines), by)
+    part.update(verdicts=verdicts, theory_numbers=numbers, lr_robustness=robust, adamw_vs_muon=adamw_vs_muon)
+
+
+def _toy(p: Preset, part: dict, lines: list[dict]) -> None:
+    from delaylab.reproduce.runner import _toy as run_toy
+
+    pts = {(x["problem"], x["method"], x["delay"], x["correction"]): x["points"]
+           for x in lines if x["kind"] == "toy" and x["task"] == "rates"}
+    rates = []
+    for r in part["rows"]:
+        row = {k: v for k, v in r.items() if k != "state"}
+        row["cis"] = [pt["ci"] for pt in pts[(r["problem"], r["method"], r["delay"], r["correction"])]]
+        rates.append(row)
+    compare = P.toy(p)["compare"][0]
+    comp = run_toy(compare.task, compare.kwargs)
+    for old in part["ef"]:  # the rerun must be the run the report was made from
+        new = next(x for x in comp["rows"] if x["method"] == old["method"])
+        if not math.isclose(100 * new["ef_recovers"], old["ef_recovers_pct"], rel_tol=1e-9):
+            raise RuntimeError(f"toy comparison rerun differs from the report's: {old['method']} EF recovers "
+                               f"{100 * new['ef_recovers']:.6f}% vs {old['ef_recovers_pct']:.6f}%")
+    new = F.toy_part(rates, part["cost"], comp, part["cost_runs"][0], compare.folder)
+    for key in ("rows", "ef", "verdicts", "theory_numbers", "headline"):
+        part[key] = new[key]
+
+
+def _scored(part: dict) -> dict:
+    """``{claim: (state, score)}`` over the part's scored verdicts and theory numbers."""
+    out = {v["claim"]: (v["state"], v.get("score")) for v in part["verdicts"] if v["state"] is not None}
+    out.update({"theory: " + n["quantity"]: (n["state"], n.get("score"))
+                for n in part.get("theory_numbers", []) if n.get("state") is not None})
+    return out
+
+
+def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
+    """``(report, changes)``: ``rep`` re-scored (a copy); ``changes``: one entry per scored claim
+    whose state differs (a claim new in this version has ``before`` None, one dropped ``after`` None)."""
+    rep = copy.deepcopy(rep)
+    changes = []
+    for part in rep["parts"]:
+        before = _scored(part)
+        for v in part["verdicts"]:
+            if v.get("score"):
+                v["score"] = V.rescore(v["score"])
+                v.update(F.verdict(v["kind"], v["claim"], v["predicted"], v["measured"], v["score"]))
+        for n in part.get("theory_numbers", []):
+            if n.get("score"):
+                n["score"] = V.rescore(n["score"])
+                n["state"] = n["score"]["state"]
+        if part["key"] == "optimizers":
+            _optimizers(p, part, lines)
+        elif part["key"] == "toy":
+            _toy(p, part, lines)
+        part.update(F.part_states(part["verdicts"], part.get("theory_numbers", [])))
+        after = _scored(part)
+        for claim in list(before) + [c for c in after if c not in before]:
+            (old, _), (new, sc) = before.get(claim, (None, None)), after.get(claim, (None, None))
+            if old != new:
+                changes.append({"part": part["id"], "claim": claim, "before": old, "after": new,
+                                "interval": None if sc is None else sc["interval"],
+                                "region": None if sc is None else list(V.region(sc["predicted"], sc.get("tolerance"))),
+                                "why": "" if sc is None else V.why(sc)})
+    for row in rep["summary"]:
+        part = next(x for x in rep["parts"] if x["id"] == row["id"])
+        row.update(measured=part["headline"], **{k: part.get(k, "") for k in
+                                                 ("reproduced", "reproduced_counts", "theory_agrees", "theory_counts")})
+    rep["theory_column"] = [{"id": part["id"], **n} for part in rep["parts"] for n in part.get("theory_numbers", [])]
+    return rep, changes
+
+
+def rescore_folder(folder: Path) -> list[dict]:
+    """Re-score ``folder``'s report.json in place, rewrite report.md; return the changes."""
+    from delaylab._io import write_json
+    from delaylab.reproduce import report
+    from delaylab.reproduce.presets import get_preset
+
+    folder = Path(folder)
+    rep = json.loads((folder / "report.json").read_text())
+    new, changes = rescore(get_preset(rep["preset"]), rep, _runs(folder))
+    write_json(folder / "report.json", new)
+    (folder / "report.md").write_text(report.markdown(new))
+    return changes
+
+
+def changes_table(changes: list[dict]) -> list[str]:
+    """The before -> after lines of :func:`rescore`, as a markdown table."""
+    def iv(x):
+        return "-" if x is None else f"[{x[0]:.3g}, {x[1]:.3g}]"
+
+    rows = [f"| {c['part']} | {c['claim']} | {c['before'] or '(new)'} | {c['after'] or '(not scored)'} | "
+            f"{iv(c['interval'])} | {iv(c['region'])} | {c['why'] or '-'} |" for c in changes]
+    return ["| finding | claim | before | after | 95% interval | claimed region | why |",
+            "|---|---|---|---|---|---|---|", *rows]
