@@ -135,7 +135,7 @@ def delays(p: Preset, out: Path) -> dict:
                       "enters through its mean; EF's bound beats plain delay iff delta_bar < 2/(tau+1). Adam-type "
                       "(frozen preconditioner): the largest stable eta*lambda falls from 38 (sync) to about 1/tau, EF "
                       "widens it by x2.70 at tau 1 and x1.39 at tau 8 (delaylab theory axis).",
-            "setup": _setup(p), "rows": rows, "theory_rows": theory, "verdicts": verdicts,
+            "setup": setup_text(p), "rows": rows, "theory_rows": theory, "verdicts": verdicts,
             "theory_numbers": numbers, "headline": headline, **part_states(verdicts, numbers)}
 
 
@@ -148,14 +148,23 @@ def _setting_text(g, s) -> str:
     return f"{s.name} ({', '.join([what, *extra])})"
 
 
-def _setup(p: Preset) -> str:
+def _reused(g) -> str:
+    """The settings on another model that take the base model's lrs (their own are never tuned)."""
+    other = [s for s in g.settings if s.model and s.name not in g.tuned]
+    if not other:
+        return ""
+    return (f"; {', '.join(f'{s.name} (' + ', '.join(f'{k} {v}' for k, v in s.model.items()) + ')' for s in other)} "
+            f"take the lrs interpolated on the base model, sync's included: none is tuned on its own model")
+
+
+def setup_text(p: Preset) -> str:
     g = p.delays
     b = g.base
     return (f"{b['preset']} GPT, {b['steps']} updates of {b['batch_size']} x {b['block_size']} tokens; settings: "
             f"{', '.join(_setting_text(g, s) for s in g.settings)}; modes {', '.join(g.modes)}; sync's lr and "
             f"every mode's tuned at {', '.join(g.tuned)} ({g.scan_seeds}-seed grids, grown at an edge up to "
             f"{g.lr_extend} steps per side), interpolated in log mean delay elsewhere (rounded to the factor-2 lr "
-            f"lattice); {g.seeds} seeds per cell where not stated; iso-loss overhead of "
+            f"lattice){_reused(g)}; {g.seeds} seeds per cell where not stated; iso-loss overhead of "
             f"{', '.join(g.overhead_modes)} at {', '.join(g.overhead) or 'no setting'} on seeds "
             f"0..{g.overhead_seeds - 1}, runs up to {max((1, *g.overhead_lengths)):g}x as long")
 

@@ -384,9 +384,11 @@ def _overhead(o: dict | None) -> str:
     if not o:
         return "n/a"
     text = fmt_overhead(o)
-    lengths = sorted({x for x in o.get("lengths", []) if x is not None})
-    if o.get("mean") is not None and lengths and lengths != [1]:
-        text += " (runs " + ", ".join(f"{x:g}x" for x in lengths) + ")"
+    lengths = o.get("lengths") or []
+    if o.get("mean") is not None and any(x not in (None, 1) for x in lengths):
+        # which schedule each seed crossed sync's loss in: a mean over 2x and 4x runs mixes schedules
+        text += " (per seed, overhead in the run that crossed: " + ", ".join(
+            f"{v:.2f} in {x:g}x" for v, x in zip(o["values"], lengths) if v is not None and x is not None) + ")"
     return text
 
 
@@ -559,9 +561,11 @@ def markdown(report: dict) -> str:
               "ratio, an lr optimum's shift; Fieller's set is unbounded where the denominator is not resolved "
               "from 0). Every lr grid grows by x2 or /2 while its best point is at an edge (at most two steps "
               "per side); an optimum still at an edge is marked censored.", "",
-              "Verdicts, one rule for every claim: **agrees** where the 95% interval meets the prediction and "
-              "excludes the null, **disagrees** where it misses the prediction, **undetermined** where it contains "
-              "both, is unbounded, rests on a censored optimum or on a run that broke the protocol. A part's "
+              "Verdicts, one rule for every claim against its claimed region (a range, a direction, or a point "
+              "with a tolerance stated in the preset before any run): **agrees** where the 95% interval lies "
+              "inside it, **disagrees** where it lies outside, **undetermined** where it straddles an edge, is "
+              "unbounded, depends on an lr choice the data cannot make, rests on a censored optimum or on a run "
+              "that broke the protocol; a point with no tolerance can only be undetermined or disagree. A part's "
               "summary: yes (all agree), no (none agrees, some disagree), undetermined (all are), partly (the "
               "rest); the counts follow.", "", "## Summary", ""]
     lines += summary_table(report)

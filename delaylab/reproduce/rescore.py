@@ -10,7 +10,7 @@ Two verdicts need more than a stored score and are recomputed from what the repo
   EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
   to the stored one, so a changed toy code cannot pass silently).
 
-The part summaries and the theory column follow by the one aggregation rule. ``changes`` lists
+The delay axis's setup line is rewritten from the preset. The part summaries and the theory column follow by the one aggregation rule. ``changes`` lists
 every scored verdict whose state moved, before -> after.
 """
 
@@ -42,8 +42,9 @@ def _rows(p: Preset, lines: list[dict]) -> list[dict]:
 
 def _optimizers(p: Preset, part: dict, lines: list[dict]) -> None:
     by = {r["optimizer"]: r for r in part["rows"]}
-    verdicts, numbers, robust, adamw_vs_muon = F.optimizer_verdicts(p, _rows(p, lines), by)
-    part.update(verdicts=verdicts, theory_numbers=numbers, lr_robustness=robust, adamw_vs_muon=adamw_vs_muon)
+    verdicts, numbers, robust, adamw_vs_muon, skew = F.optimizer_verdicts(p, _rows(p, lines), by)
+    part.update(verdicts=verdicts, theory_numbers=numbers, lr_robustness=robust, adamw_vs_muon=adamw_vs_muon,
+                skew=skew)
 
 
 def _toy(p: Preset, part: dict, lines: list[dict]) -> None:
@@ -95,6 +96,10 @@ def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
             _optimizers(p, part, lines)
         elif part["key"] == "toy":
             _toy(p, part, lines)
+        elif part["key"] == "delays":  # its setup line is the preset's, written out again
+            from delaylab.reproduce.delays import setup_text
+
+            part["setup"] = setup_text(p)
         part.update(F.part_states(part["verdicts"], part.get("theory_numbers", [])))
         after = _scored(part)
         for claim in list(before) + [c for c in after if c not in before]:

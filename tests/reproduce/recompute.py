@@ -298,3 +298,23 @@ def ef_recovery_at(runs, optimizer, lr, momentum, seeds):
     """EF's recovered share (%) at one lr over ``seeds`` (main grid), with Fieller's interval."""
     e = gaps(runs, optimizer, lr, momentum, "ef")
     return recovered({s: v for s, v in e.items() if s in seeds}, gaps(runs, optimizer, lr, momentum))
+
+
+def indistinguishable(runs, optimizer, momentum) -> list[float]:
+    """The sync lrs whose paired (by seed) difference to the best lr's loss has a 95% t interval
+    reaching 0, over the grid's base seeds (a diverged seed resolves the difference)."""
+    grid, seeds = _grid(runs, optimizer, "sync", momentum)
+    best = best_lr(runs, optimizer, "sync", momentum)
+    out = []
+    for lr, vals in grid.items():
+        d = [vals[s] - grid[best][s] for s in seeds]
+        if lr == best or (all(math.isfinite(x) for x in d) and t_interval(d)[1][0] <= 0):
+            out.append(lr)
+    return sorted(out)
+
+
+def gap_difference_at(runs, first, first_lr, second, second_lr, momenta, seeds):
+    """``first``'s gap at ``first_lr`` minus ``second``'s at ``second_lr``, paired over ``seeds``."""
+    a = gaps(runs, first, first_lr, momenta[first])
+    b = gaps(runs, second, second_lr, momenta[second])
+    return t_interval([a[s] - b[s] for s in sorted(seeds) if s in a and s in b])

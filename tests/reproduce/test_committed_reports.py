@@ -179,3 +179,68 @@ def test_a_committed_report_is_its_runs_jsonl(folder):
             text = (ROOT / doc).read_text()
             for key in keys:
                 assert quoted[key] in text, f"{doc} does not quote {key} = {quoted[key]}"
+
+
+def _rule(interval, region) -> str:
+    """The verdict rule written out again: inside the claimed region agrees, outside disagrees."""
+    lo, hi = interval
+    r_lo, r_hi = (-math.inf if region[0] is None else region[0]), (math.inf if region[1] is None else region[1])
+    if hi < r_lo or lo > r_hi:
+        return "disagrees"
+    return "agrees" if r_lo < lo and hi < r_hi else "undetermined"
+
+
+def _scores(rep: dict):
+    for part in rep["parts"]:
+        for v in part["verdicts"]:
+            if v.get("score"):
+                yield part["id"], v["score"]
+        for n in part.get("theory_numbers", []):
+            if n.get("score"):
+                yield part["id"], n["score"]
+
+
+@pytest.mark.parametrize("folder", REPORTS, ids=[p.name for p in REPORTS])
+def test_every_stored_verdict_follows_the_one_rule(folder):
+    """No "agrees" whose interval crosses its region's edge; every state is the rule's on the stored
+    interval and region (a bare point with no tolerance cannot agree)."""
+    rep = json.loads((folder / "report.json").read_text())
+    if not list(_scores(rep)):
+        pytest.skip("this report scores nothing (the tokens axis: notes only)")
+    n = 0
+    for part, sc in _scores(rep):
+        blocked = sc["censored"] or sc["issues"] or sc.get("lr_dependent") or sc["interval"] is None
+        if blocked or sc["predicted"] is None:
+            assert sc["state"] == "undetermined", (part, sc["claim"])
+            continue
+        p, tol = sc["predicted"], sc.get("tolerance") or 0.0
+        region = tuple(p) if isinstance(p, list) else (p - tol, p + tol)
+        assert sc["state"] == _rule(sc["interval"], region), (part, sc["claim"], sc["interval"], region)
+        n += 1
+    assert n > 0
+
+
+@pytest.mark.parametrize("name", ["cpu-small", "cpu-quick"])
+def test_the_order_claim_is_held_to_every_indistinguishable_lr(name):
+    """Finding 1's AdamW-Muon order at every pair of lrs the sync data cannot tell from each optimum,
+    recomputed from runs.jsonl; the verdict is undetermined unless every pair's state is the same."""
+    folder = ROOT / "docs" / "reproduce" / name
+    rep = json.loads((folder / "report.json").read_text())
+    runs = R.load(folder / rep["runs_file"])
+    seeds = range(json.loads((folder / "reproduce.json").read_text())["llm"]["seeds"])
+    part = next(p for p in rep["parts"] if p["key"] == "optimizers")
+    near = {o: R.indistinguishable(runs, o, MOMENTUM[o]) for o in ("adamw", "muon")}
+    for row in part["rows"]:
+        if row["optimizer"] in near:
+            assert row["indistinguishable_lrs"] == near[row["optimizer"]], row["optimizer"]
+    stored = part["lr_robustness"]["adamw-muon"]["pairs"]
+    assert [p["lrs"] for p in stored] == [[a, b] for a in near["adamw"] for b in near["muon"]]
+    states = set()
+    for p in stored:
+        m, ci = R.gap_difference_at(runs, "adamw", p["lrs"][0], "muon", p["lrs"][1], MOMENTUM, seeds)
+        assert _close(m, p["mean"]) and _same_interval(ci, p["ci"]), p["lrs"]
+        states.add(_rule(ci, (0, None)))
+    v = next(v for v in part["verdicts"] if v["claim"] == "adamw degrades more than muon")
+    assert v["score"]["lr_dependent"] == (len(states) > 1)
+    if len(states) > 1:
+        assert v["state"] == "undetermined"

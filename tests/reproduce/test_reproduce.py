@@ -516,3 +516,21 @@ def test_runs_jsonl_alone_recomputes_the_headline_numbers(made):
             assert _close(m, st["gap"]["mean"]) and np.allclose(ci, st["gap"]["ci"], rtol=1e-9)
     held, n = R.toy_holds(runs)
     assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
+
+
+def test_rescore_of_a_committed_report_is_a_fixed_point_and_a_missing_report_exits_2(tmp_path, capsys):
+    """The committed report.md is what this version's rule renders from its report.json: re-scoring a
+    copy changes no verdict and no byte of either file."""
+    import shutil
+
+    from delaylab.cli import main
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "reproduce" / "cpu-delays"
+    shutil.copytree(src, tmp_path / "r")
+    assert main(["reproduce", "--rescore", "--out", str(tmp_path / "r"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["changes"] == []
+    for name in ("report.json", "report.md"):
+        assert (tmp_path / "r" / name).read_text() == (src / name).read_text(), name
+    assert main(["reproduce", "--rescore", "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "report.json not found" in err

@@ -166,3 +166,47 @@ def test_overhead_reruns_longer_until_the_target_is_reached(tmp_path):
         _finish(tmp_path, run, 2.5, [3.0, 2.5])
     r = P.overhead_runs(tmp_path, BASE, s1, other, (1.5, 2, 4))
     assert r["done"] and r["overhead"] is None and r["max_length"] == 4
+
+
+def test_an_lr_dependent_claim_is_undetermined_whatever_its_interval():
+    inside = V.score("x", [0.1, 0.2], (0, None), 0.0)
+    assert inside["state"] == V.AGREES
+    dep = V.score("x", [0.1, 0.2], (0, None), 0.0, lr_dependent=True)
+    assert dep["state"] == V.UNDETERMINED and V.why(dep) == "depends on the lr choice: see the lr line"
+    assert V.rescore(dep) == dep and V.rescore({**dep, "lr_dependent": False})["state"] == V.AGREES
+
+
+def test_t_coverage_at_skew_is_exact_under_normality_and_loses_one_side_at_skew_2():
+    from delaylab.reproduce.findings import t_coverage_at_skew
+
+    normal = t_coverage_at_skew(0.0, 5, reps=40000)
+    se = (0.95 * 0.05 / 40000) ** 0.5
+    assert abs(normal["coverage"] - 0.95) < 4 * se  # the t interval is exact for normal draws
+    skewed = t_coverage_at_skew(2.0, 5, reps=40000)
+    assert 0.86 < skewed["coverage"] < 0.91 and skewed["miss_below"] > 0.09 > 0.01 > skewed["miss_above"]
+    mirrored = t_coverage_at_skew(-2.0, 5, reps=40000)
+    assert abs(mirrored["miss_above"] - skewed["miss_below"]) < 0.01
+
+
+def test_skewness_check_null_sd_matches_normal_draws_and_flags_a_skewed_optimizer():
+    import numpy as np
+
+    from delaylab.reproduce.findings import skewness_check
+
+    rng = np.random.default_rng(1)
+
+    def rows(opt, draw, cells=40):
+        out = []
+        for lr in range(cells):
+            for s in range(5):
+                out.append({"optimizer": opt, "mode": "sync", "momentum": 0.9, "lr": lr, "seed": s, "val_loss": 0.0})
+                out.append({"optimizer": opt, "mode": "delayed", "momentum": 0.9, "lr": lr, "seed": s,
+                            "val_loss": float(draw())})
+        return out
+
+    data = rows("normal", rng.standard_normal) + rows("skewed", lambda: rng.gamma(1.0) - 1.0)
+    got = skewness_check(data, ["normal", "skewed"], {"normal": set(range(5)), "skewed": set(range(5))})
+    g1 = [c["skew"] for c in got["normal"]["cells"]]
+    assert abs(np.std(g1) / got["normal"]["cells"][0]["null_sd"] - 1) < 0.35  # 40 cells: the SD's own error
+    assert not got["normal"]["doubt"] and got["skewed"]["doubt"] and got["skewed"]["mean_skew"] > 0
+    assert got["skewed"]["coverage"]["miss_below"] > got["skewed"]["coverage"]["miss_above"]
