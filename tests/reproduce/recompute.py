@@ -281,17 +281,25 @@ def overhead(runs, optimizer, mode, momentum, lengths=(1.5, 2, 4)):
     """The iso-loss overhead at the best sync lr over the base seeds: per seed the 1x run, else the
     first of the longer runs (``length-<k>x`` folders) that reaches sync's final loss; mean and t
     interval where every seed reached it, else None."""
+    per = overhead_per_seed(runs, optimizer, mode, momentum, lengths)
+    values = [v for v, _ in per]
+    return None if None in values else t_interval(values)
+
+
+def overhead_per_seed(runs, optimizer, mode, momentum, lengths=(1.5, 2, 4)) -> list[tuple]:
+    """``[(overhead or None, the run length it was measured in), ...]`` per base seed (see :func:`overhead`)."""
     lr = best_lr(runs, optimizer, "sync", momentum)
-    values = []
+    out = []
     for s in _grid(runs, optimizer, "sync", momentum)[1]:
         sync = select(runs, optimizer=optimizer, mode="sync", lr=lr, momentum=momentum, seed=s, variant="main")[0]
-        value = None
-        for variant in ["main"] + [f"length-{k:g}x" for k in lengths]:
+        value, length = None, None
+        for k, variant in zip((1, *lengths), ["main"] + [f"length-{k:g}x" for k in lengths]):
             other = select(runs, optimizer=optimizer, mode=mode, lr=lr, momentum=momentum, seed=s, variant=variant)
             if other and (value := iso_loss(sync["val_curve"], other[0]["val_curve"])) is not None:
+                length = k
                 break
-        values.append(value)
-    return None if None in values else t_interval(values)
+        out.append((value, length))
+    return out
 
 
 def ef_recovery_at(runs, optimizer, lr, momentum, seeds):
@@ -318,3 +326,30 @@ def gap_difference_at(runs, first, first_lr, second, second_lr, momenta, seeds):
     a = gaps(runs, first, first_lr, momenta[first])
     b = gaps(runs, second, second_lr, momenta[second])
     return t_interval([a[s] - b[s] for s in sorted(seeds) if s in a and s in b])
+
+
+def scan_margin(runs, optimizer, size, tokens_per_param, momentum):
+    """The axis point's one-seed sync scan: (the best lr's margin over the runner-up at seed 0, the
+    seed SD of sync's final loss at the chosen lr over every seed run there)."""
+    variant = f"axis-{size}-{tokens_per_param:g}tpp"
+    scan = sorted((r["val_loss"], r["lr"]) for r in select(runs, optimizer=optimizer, mode="sync", momentum=momentum,
+                                                              variant=variant, seed=0))
+    chosen = [r["val_loss"] for r in select(runs, optimizer=optimizer, mode="sync", momentum=momentum,
+                                            variant=variant, lr=scan[0][1])]
+    m = mean(chosen)
+    return scan[1][0] - scan[0][0], math.sqrt(sum((x - m) ** 2 for x in chosen) / (len(chosen) - 1))
+
+
+def gap_along(runs, optimizer, size, tokens_per_param, momentum) -> list[tuple[float, float]]:
+    """``[(fraction of the run's tokens, mean over seeds of delayed - sync val loss), ...]`` at each
+    validation of the axis point's runs (the chosen lr: the lr of its delayed runs)."""
+    variant = f"axis-{size}-{tokens_per_param:g}tpp"
+    delayed = {r["seed"]: r for r in select(runs, optimizer=optimizer, mode="delayed", momentum=momentum,
+                                            variant=variant)}
+    lr = next(iter(delayed.values()))["lr"]
+    sync = {r["seed"]: r for r in select(runs, optimizer=optimizer, mode="sync", momentum=momentum,
+                                         variant=variant, lr=lr)}
+    seeds = sorted(set(sync) & set(delayed))
+    at = {s: (dict(map(tuple, sync[s]["val_curve"])), dict(map(tuple, delayed[s]["val_curve"]))) for s in seeds}
+    tokens = sorted(set.intersection(*(set(a) & set(b) for a, b in at.values())))
+    return [(t / tokens[-1], mean([at[s][1][t] - at[s][0][t] for s in seeds])) for t in tokens]

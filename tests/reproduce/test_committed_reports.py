@@ -61,6 +61,9 @@ def recomputed(folder: Path) -> dict[str, str]:
                     continue
                 assert _close(got[0], o["mean"]) and _same_interval(got[1], o["ci"]), (row["optimizer"], mode)
                 quoted[f"{row['optimizer']} {mode} overhead"] = f"{got[0]:.2f} [{got[1][0]:.2f}, {got[1][1]:.2f}]"
+                per = R.overhead_per_seed(runs, row["optimizer"], mode, row["momentum"])
+                assert [k for _, k in per] == o["lengths"], (row["optimizer"], mode)
+                quoted[f"{row['optimizer']} {mode} overhead per seed"] = ", ".join(f"{v:.2f} in {k:g}x" for v, k in per)
     diff = (parts.get("optimizers") or {}).get("adamw_vs_muon")
     if diff:
         m, ci = R.difference_of_gaps(runs, "adamw", "muon", MOMENTUM)
@@ -70,6 +73,12 @@ def recomputed(folder: Path) -> dict[str, str]:
         ratio, rci = R.paired_ratio(g["adamw"], g["muon"])
         assert _close(ratio, diff["ratio"]["ratio"]) and _same_interval(rci, diff["ratio"]["ci"])
         quoted["adamw / muon gap ratio"] = _ratio(ratio, rci)
+        seeds = range(json.loads((folder / "reproduce.json").read_text())["llm"]["seeds"])
+        for pair in parts["optimizers"]["lr_robustness"]["adamw-muon"]["pairs"]:
+            la, lb = pair["lrs"]
+            m, ci = R.gap_difference_at(runs, "adamw", la, "muon", lb, MOMENTUM, seeds)
+            assert _close(m, pair["mean"]) and _same_interval(ci, pair["ci"]), pair["lrs"]
+            quoted[f"adamw - muon gap at {la:g}/{lb:g}"] = _gap(m, ci)
     if "mitigations" in parts:
         for row in parts["mitigations"]["rows"]:
             if "sync-start_recovered" in row:
@@ -135,6 +144,13 @@ def recomputed(folder: Path) -> dict[str, str]:
                 ratio, rci = R.axis_gap_ratio(runs, e["size"], e["tokens_per_param"], MOMENTUM)
                 assert _close(ratio, e["gap_ratio"]["ratio"]) and _same_interval(rci, e["gap_ratio"]["ci"]), e["size"]
                 quoted[f"adamw / muon gap ratio {e['size']} {e['tokens_per_param']:g}"] = _ratio(ratio, rci)
+        for e in parts["scale"]["rows"]:  # the confounds the docs name: the scan's margin, the gap along a run
+            for opt in e["optimizers"]:
+                margin, sd = R.scan_margin(runs, opt, e["size"], e["tokens_per_param"], MOMENTUM[opt])
+                quoted[f"{opt} {e['size']} {e['tokens_per_param']:g} scan"] = f"{margin:.3f} at one seed, against a seed SD of {sd:.3f}"
+                for x, g in R.gap_along(runs, opt, e["size"], e["tokens_per_param"], MOMENTUM[opt]):
+                    quoted[f"{opt} {e['size']} {e['tokens_per_param']:g} gap at {100 * x:.0f}%"] = \
+                        f"{g:+.3f} at {100 * x:.0f}%"
         # a gap's change from the first to the last point: along tokens/param at one size, along size at one ratio
         changes = [(t, [(t["size"], r) for r in (t["ratios"][0], t["ratios"][-1])],
                     f"{t['size']} change {t['ratios'][0]:g} -> {t['ratios'][-1]:g}")
@@ -159,6 +175,15 @@ def recomputed(folder: Path) -> dict[str, str]:
                                        sync_variant)
             assert _close(m, row["gap"]["mean"], 1e-12) and _same_interval(ci, row["gap"]["ci"])
             quoted[f"{row['optimizer']} {row['setting']} {row['mode']} gap"] = _gap(m, ci)
+            if row["setting"] == "uniform-0-4" and row["mode"] == "delayed":
+                # the random delay against tau = 2 (its mean), as a share of tau = 2's gap
+                fixed, _ = R.delay_gap(runs, row["optimizer"], "tau-2", "delayed", row["momentum"], sync_variant)
+                d = [per[s] - fixed[s] for s in per if s in fixed]
+                m, ci = R.t_interval(d)
+                quoted[f"{row['optimizer']} uniform-0-4 - tau-2"] = _gap(m, ci)
+                g2 = R.mean(list(fixed.values()))
+                quoted[f"{row['optimizer']} uniform-0-4 - tau-2 share"] = (f"{100 * ci[0] / g2:+.0f}% to "
+                                                                           f"{100 * ci[1] / g2:+.0f}%")
             if "recovered" in row:
                 rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
                                             sync_variant)
