@@ -39,7 +39,7 @@ def register(sub) -> None:
 
 
 def _render(rep: dict) -> str:
-    from delaylab.reproduce.report import summary_table
+    from delaylab.reproduce.markdown import summary_table
 
     s = rep["session"]
     lines = [f"delaylab reproduce --preset {rep['preset']}: {s['runs']} runs ({s['computed']} computed, "

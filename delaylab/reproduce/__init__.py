@@ -58,9 +58,10 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     """Run every finding of ``preset`` in ``out`` (resumable) and return the report (also on disk)."""
     from delaylab.llm.data import load_dataset
     from delaylab.llm.distributed import preempt
-    from delaylab.reproduce import plan, report, runner
+    from delaylab.reproduce import markdown, plan, report, runner
 
     p = get_preset(preset) if isinstance(preset, str) else preset
+    plan.check_protocol(p)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_folder(p, out)
@@ -94,7 +95,7 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     lines = report.runs_jsonl(p, out)
     rep["ns_dtypes"] = report.ns_dtypes(lines)
     write_json(out / "report.json", rep)
-    (out / "report.md").write_text(report.markdown(rep))
+    (out / "report.md").write_text(markdown.markdown(rep))
     from delaylab._io import dumps
 
     tmp = out / (report.RUNS + ".tmp")

@@ -27,8 +27,9 @@ from pathlib import Path
 from delaylab.llm import metrics
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
-from delaylab.reproduce.findings import (_ci, _fmt, _issues, by_lr, part_states, pipedream_verdict, qualitative, stats,
-                                         theory_number, verdict)
+from delaylab.reproduce import stats as S
+from delaylab.reproduce.findings import pipedream_verdict
+from delaylab.reproduce.verdicts import part_states, qualitative, theory_number, verdict
 from delaylab.reproduce.presets import Preset
 
 TITLE = "The delay axis: gap, recovery and overhead against tau"
@@ -91,8 +92,8 @@ def delays(p: Preset, out: Path) -> dict:
                        "lrs": info["grid"]["lrs"] if info["grid"] else [info["lr"]],
                        "censored": info["grid"]["censored"].get(mode) if info["grid"] else None,
                        "sync_lr": sync_grid["best"]["sync"], "sync_censored": sync_grid["censored"].get("sync"),
-                       "sync": stats([sync[k] for k in sorted(sync)]), "loss": stats([mine[k] for k in sorted(mine)]),
-                       "gap": stats(_gap_values(sync, mine)), "issues": _issues(sync_rows + mine_rows),
+                       "sync": S.sample([sync[k] for k in sorted(sync)]), "loss": S.sample([mine[k] for k in sorted(mine)]),
+                       "gap": S.sample(_gap_values(sync, mine)), "issues": S.issues_of(sync_rows + mine_rows),
                        "runs": {"sync": [r.folder for r in cells[(s.name, opt, "sync")]],
                                 mode: [r.folder for r in cells[(s.name, opt, mode)]]}}
                 if mode != "delayed" and "delayed" in g.modes_of(s):
@@ -117,7 +118,7 @@ def delays(p: Preset, out: Path) -> dict:
     uniform = [s for s in g.settings if isinstance(s.delay, int) and not s.model]
     headline = "; ".join(
         f"{opt} gap at tau " + " / ".join(f"{s.delay}" for s in uniform) + ": " + " / ".join(
-            _fmt(by[(s.name, opt, "delayed")]["gap"]["mean"]) for s in uniform) for opt in g.optimizers)
+            S.fmt(by[(s.name, opt, "delayed")]["gap"]["mean"]) for s in uniform) for opt in g.optimizers)
     best = []
     for opt in g.optimizers:
         last = uniform[-1].name
@@ -125,7 +126,7 @@ def delays(p: Preset, out: Path) -> dict:
         recs = [(m, r) for m, r in recs if r.get("ratio_of_means") is not None]
         if recs:
             m, r = max(recs, key=lambda x: x[1]["ratio_of_means"])
-            best.append(f"{opt} at tau {uniform[-1].delay}: {m} recovers {r['ratio_of_means']:.0f}% {_ci(r, '.0f')}")
+            best.append(f"{opt} at tau {uniform[-1].delay}: {m} recovers {r['ratio_of_means']:.0f}% {S.ci_text(r, '.0f')}")
     headline += ("; best corrector " + ", ".join(best)) if best else ""
     return {"id": 9, "key": "delays", "title": TITLE,
             "paper": "The paper studies one step of delay; it names multi-step and variable delays as open and "
@@ -180,9 +181,9 @@ def _schedule_verdicts(p: Preset, by: dict, data: dict) -> list[dict]:
         for opt in p.delays.optimizers:
             if ref is None or (ref.name, opt, "delayed") not in by:
                 continue
-            diff = stats(_gap_values(data[(ref.name, opt, "delayed")], data[(s.name, opt, "delayed")]))
+            diff = S.sample(_gap_values(data[(ref.name, opt, "delayed")], data[(s.name, opt, "delayed")]))
             issues = by[(s.name, opt, "delayed")]["issues"] + by[(ref.name, opt, "delayed")]["issues"]
-            measured = (f"PipeDream - 2BW = {_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds "
+            measured = (f"PipeDream - 2BW = {S.fmt(diff['mean'])} {S.ci_text(diff)} over {diff['n']} seeds "
                         f"({ref.name} vs {s.name})")
             out.append(pipedream_verdict(opt, list(s.delay), diff, measured, issues))
     return out
@@ -201,14 +202,14 @@ def _trend_notes(p: Preset, by: dict, data: dict) -> list[dict]:
                 if (lo.name, opt, mode) not in by or (hi.name, opt, mode) not in by:
                     continue
                 sync_lo, sync_hi = data[(lo.name, opt, "sync")], data[(hi.name, opt, "sync")]
-                change = stats([None if a is None or b is None else b - a for a, b in
+                change = S.sample([None if a is None or b is None else b - a for a, b in
                                 zip(_gap_values(sync_lo, data[(lo.name, opt, mode)]),
                                     _gap_values(sync_hi, data[(hi.name, opt, mode)]))])
                 word = ("grows" if change["ci"][0] > 0 else "shrinks" if change["ci"][1] < 0 else "no resolved change") \
                     if change["ci"] else "undetermined (too few seeds)"
-                text = (f"{opt} {mode}: gap " + ", ".join(f"tau {s.delay} {_fmt(by[(s.name, opt, mode)]['gap']['mean'])}"
+                text = (f"{opt} {mode}: gap " + ", ".join(f"tau {s.delay} {S.fmt(by[(s.name, opt, mode)]['gap']['mean'])}"
                                                           for s in uniform if (s.name, opt, mode) in by)
-                        + f"; tau {lo.delay} -> {hi.delay}: change {_fmt(change['mean'])} {_ci(change)}, {word}")
+                        + f"; tau {lo.delay} -> {hi.delay}: change {S.fmt(change['mean'])} {S.ci_text(change)}, {word}")
                 out.append(verdict("note", f"{opt} {mode}: gap against tau", "", text, line=text + "."))
     for s in g.settings:
         if s.delay_dist is None:
@@ -220,9 +221,9 @@ def _trend_notes(p: Preset, by: dict, data: dict) -> list[dict]:
             for mode in g.modes_of(s):
                 if (twin.name, opt, mode) not in by:
                     continue
-                diff = stats(_gap_values(data[(twin.name, opt, mode)], data[(s.name, opt, mode)]))
+                diff = S.sample(_gap_values(data[(twin.name, opt, mode)], data[(s.name, opt, mode)]))
                 text = (f"{opt} {mode}: {s.delay_dist} (mean {s.mean_delay:g}) - tau {twin.delay}, val loss "
-                        f"{_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds ("
+                        f"{S.fmt(diff['mean'])} {S.ci_text(diff)} over {diff['n']} seeds ("
                         + ("resolved" if diff["ci"] and not diff["ci"][0] <= 0 <= diff["ci"][1] else "not resolved")
                         + f"; lrs {by[(s.name, opt, mode)]['lr']:g} and {by[(twin.name, opt, mode)]['lr']:g})")
                 out.append(verdict("note", f"{opt} {mode}: random vs constant delay of the same mean", "", text,
@@ -252,11 +253,11 @@ def _lr_numbers(p: Preset, out: Path, lrs: dict, steps: int) -> list[dict]:
                     continue
                 runs = [r for lr in info["grid"]["lrs"]
                         for r in P._runs(f"delays-{name}", P.delay_base(p, s), opt, lr, mom, (mode,), g.scan_seeds)]
-                grids[mode] = by_lr(P.records(out, runs), opt, mode, mom)
+                grids[mode] = S.by_lr(P.records(out, runs), opt, mode, mom)
             if "delayed" not in grids or point is None:
                 continue
-            issues = _issues(sync_rows)
-            shift = metrics.lr_shift(by_lr(sync_rows, opt, "sync", mom), grids["delayed"])
+            issues = S.issues_of(sync_rows)
+            shift = metrics.lr_shift(S.by_lr(sync_rows, opt, "sync", mom), grids["delayed"])
             if point["kind"] == "lmo":
                 pred, source = point["lr_shift"], "Theorem 1's bound-optimal eta (delaylab theory axis)"
             else:

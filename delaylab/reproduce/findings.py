@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
 from delaylab.reproduce import verdicts as V
+from delaylab.reproduce import stats as S
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import read_summary
 
@@ -40,137 +40,23 @@ PAPER_EF = (50.0, 90.0)  # "EF recovers 50-90% of the gap"
 # -- helpers ----------------------------------------------------------------------------------------
 
 
-def stats(values: list) -> dict:
-    """mean, sample std and a 95% Student-t interval over the finite values (None where none, or
-    for one value)."""
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    out = {"values": values, "n": len(vals), "diverged": len(values) - len(vals)}
-    if not vals:
-        return {**out, "mean": None, "std": None, "ci": None}
-    mean = float(np.mean(vals))
-    std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-    return {**out, "mean": mean, "std": std, "ci": metrics.t_interval(vals)}
-
-
-def _resolved(s: dict | None) -> bool:
-    """A gap whose 95% interval over seeds excludes zero on the positive side (and that no divergence hides)."""
-    return bool(s and s["ci"] is not None and s["diverged"] == 0 and s["ci"][0] > 0)
-
-
-def _by_seed(rows: list[dict], **match) -> dict[int, dict]:
-    return {r["seed"]: r for r in rows if all(r[k] == v for k, v in match.items())}
-
-
-def _paired(a: dict[int, dict], b: dict[int, dict]) -> list:
-    """Per-seed ``b - a``: two runs of one seed share init and batches."""
-    out = []
-    for s in sorted(set(a) & set(b)):
-        x, y = a[s]["val_loss"], b[s]["val_loss"]
-        out.append(None if x is None or y is None else y - x)
-    return out
-
-
-def _diff(a: dict, b: dict) -> dict:
-    """Per-seed ``a - b`` of two gap stats over the seeds both have (values are in seed order 0..)."""
-    va, vb = a["values"], b["values"]
-    return stats([None if x is None or y is None else x - y for x, y in zip(va, vb)])
-
-
-def _issues(rows) -> list[str]:
-    return sorted({i for r in rows for i in r.get("issues", ())})
-
-
-def _fmt(x, spec="+.3f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def _ci(s: dict | None, spec="+.3f") -> str:
-    """``[lo, hi]`` of a stats dict (``ci``) or a ratio's Fieller set (``set``); empty without one."""
-    if not s:
-        return ""
-    if s.get("ci"):
-        return f"[{format(s['ci'][0], spec)}, {format(s['ci'][1], spec)}]"
-    if s.get("set"):
-        return metrics.fmt_set(s["set"], spec.lstrip("+"))
-    return ""
-
-
-def _key(x) -> float:
-    """Sort key that puts a missing (diverged) value last."""
-    return math.inf if x is None else x
-
-
-def _slope(xs: list[float], ys: list) -> float | None:
-    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
-    if len(pts) < 2:
-        return None
-    return float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
-
-
-def verdict(kind: str, claim: str, predicted: str, measured: str, sc: dict | None = None, line: str = "") -> dict:
-    """A verdict line: scored (``sc`` from :func:`delaylab.reproduce.verdicts.score`) or a note."""
-    state = None if sc is None else sc["state"]
-    if not line:
-        line = f"{claim}: {measured}"
-        if sc is not None:
-            reason = V.why(sc)
-            line += f" -> {state}" + (f" ({reason})" if reason else "")
-    return {"claim": claim, "predicted": predicted, "measured": measured, "kind": kind, "state": state,
-            "score": sc, "line": line}
-
-
-def part_states(verdicts: list[dict], numbers: list[dict]) -> dict:
-    """The one aggregation: "reproduced" over the paper's scored verdicts, "theory agrees" over
-    the theory's scored numbers ("qualitative" where the theory gives none to score)."""
-    paper = [v["state"] for v in verdicts if v["kind"] == "paper"]
-    theory = [n["state"] for n in numbers if n.get("state") is not None]
-    return {"reproduced": V.aggregate(paper), "reproduced_counts": V.counts(paper),
-            "theory_agrees": V.aggregate(theory) if theory else ("qualitative" if numbers else "n.a."),
-            "theory_counts": V.counts(theory)}
-
-
-def theory_number(quantity: str, predicted: float | None, measured: float | None, interval, source: str, *,
-                  null: float, unit: str = "x", censored: bool = False, issues=(), set_=None) -> dict:
-    """One scored row of the theory column: the theory's number against the measured interval."""
-    sc = V.score(quantity, interval, predicted, null, censored=censored, issues=issues, measured=measured)
-    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": interval,
-            "set": set_, "unit": unit, "source": source, "state": sc["state"], "score": sc, "note": ""}
-
-
-def qualitative(quantity: str, what: str, note: str = "qualitative", measured=None, ci=None, set_=None,
-                predicted=None) -> dict:
-    """A theory-column row that is shown and not scored: a direction without a number
-    (``qualitative``) or a number derived beside the theory (``sketch``)."""
-    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": ci, "set": set_, "unit": "",
-            "source": what, "state": None, "score": None, "note": note}
-
-
-def _cell_row(rows: list[dict], opt: str, lr: float, mom, modes) -> dict:
+def cell_row(rows: list[dict], opt: str, lr: float, mom, modes) -> dict:
     """Val-loss stats of each mode at one (optimizer, lr, momentum), the per-seed gaps to sync
     (``<mode>_gap``; ``gap`` for delayed) and the run folders behind them."""
     sel = [r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)]
-    sync = _by_seed(sel, mode="sync")
-    out = {"optimizer": opt, "lr": lr, "momentum": mom, "runs": {}, "issues": _issues(sel)}
+    sync = S.by_seed(sel, mode="sync")
+    out = {"optimizer": opt, "lr": lr, "momentum": mom, "runs": {}, "issues": S.issues_of(sel)}
     for mode in modes:
-        runs = _by_seed(sel, mode=mode)
-        out[mode] = stats([runs[s]["val_loss"] for s in sorted(runs)])
+        runs = S.by_seed(sel, mode=mode)
+        out[mode] = S.sample([runs[s]["val_loss"] for s in sorted(runs)])
         out["runs"][mode] = [runs[s]["run"] for s in sorted(runs)]
         if mode != "sync":
-            out["gap" if mode == "delayed" else f"{mode}_gap"] = stats(_paired(sync, runs))
-    return out
-
-
-def by_lr(rows: list[dict], opt: str, mode: str, mom, seeds=None) -> dict[float, dict[int, float | None]]:
-    """``{lr: {seed: val_loss}}`` of one optimizer's ``mode`` runs at momentum ``mom`` (``seeds``: only those)."""
-    out: dict = {}
-    for r in rows:
-        if (r["optimizer"], r["mode"], r["momentum"]) == (opt, mode, mom) and (seeds is None or r["seed"] in seeds):
-            out.setdefault(r["lr"], {})[r["seed"]] = r["val_loss"]
+            out["gap" if mode == "delayed" else f"{mode}_gap"] = S.sample(S.paired(sync, runs))
     return out
 
 
 def _best_lr(grid: dict[float, dict]) -> float | None:
-    return min(grid, key=lambda lr: _key(stats(list(grid[lr].values()))["mean"])) if grid else None
+    return min(grid, key=lambda lr: S.sort_key(S.sample(list(grid[lr].values()))["mean"])) if grid else None
 
 
 def tuned_gap(rows: list[dict], opt: str, mom, mode: str = "delayed", seeds=None) -> dict:
@@ -178,27 +64,27 @@ def tuned_gap(rows: list[dict], opt: str, mom, mode: str = "delayed", seeds=None
     mean lr (decided on ``seeds``), per seed over the seeds both lrs have; ``censored`` per mode."""
     best, censored = {}, {}
     for m in ("sync", mode):
-        grid = by_lr(rows, opt, m, mom, seeds)
+        grid = S.by_lr(rows, opt, m, mom, seeds)
         best[m] = _best_lr(grid)
         lrs = sorted(grid)
         censored[m] = None if best[m] is None else "low" if best[m] == lrs[0] else "high" if best[m] == lrs[-1] \
             else None
     if None in best.values():
-        return {"sync_lr": best["sync"], "lr": best[mode], "gap": stats([]), "censored": censored}
-    sync, other = by_lr(rows, opt, "sync", mom)[best["sync"]], by_lr(rows, opt, mode, mom)[best[mode]]
-    return {"sync_lr": best["sync"], "lr": best[mode], "gap": stats(metrics.paired(sync, other)[1]),
+        return {"sync_lr": best["sync"], "lr": best[mode], "gap": S.sample([]), "censored": censored}
+    sync, other = S.by_lr(rows, opt, "sync", mom)[best["sync"]], S.by_lr(rows, opt, mode, mom)[best[mode]]
+    return {"sync_lr": best["sync"], "lr": best[mode], "gap": S.sample(metrics.paired(sync, other)[1]),
             "censored": censored}
 
 
 def indistinguishable(rows: list[dict], opt: str, mom, best_lr: float, seeds=None) -> list[float]:
     """The lrs of ``opt``'s sync grid whose loss the data cannot tell from the best lr's: the paired
     (by seed) difference to the best has a 95% t interval that reaches 0 (a diverged seed tells)."""
-    grid = by_lr(rows, opt, "sync", mom, seeds)
+    grid = S.by_lr(rows, opt, "sync", mom, seeds)
     if best_lr not in grid:
         return []
     out = []
     for lr, vals in grid.items():
-        d = stats(metrics.paired(grid[best_lr], vals)[1])
+        d = S.sample(metrics.paired(grid[best_lr], vals)[1])
         if lr == best_lr or (d["diverged"] == 0 and d["ci"] is not None and d["ci"][0] <= 0):
             out.append(lr)
     return sorted(out)
@@ -212,11 +98,11 @@ def lr_robust(rows: list[dict], a: str, b: str, lrs: dict[str, list[float]], mom
     pairs = []
     for la in lrs[a]:
         for lb in lrs[b]:
-            ga = _cell_row([r for r in rows if seeds is None or r["seed"] in seeds[a]], a, la, mom[a],
+            ga = cell_row([r for r in rows if seeds is None or r["seed"] in seeds[a]], a, la, mom[a],
                            ("sync", "delayed"))["gap"]
-            gb = _cell_row([r for r in rows if seeds is None or r["seed"] in seeds[b]], b, lb, mom[b],
+            gb = cell_row([r for r in rows if seeds is None or r["seed"] in seeds[b]], b, lb, mom[b],
                            ("sync", "delayed"))["gap"]
-            d = _diff(ga, gb)
+            d = S.diff(ga, gb)
             pairs.append({"lrs": [la, lb], "mean": d["mean"], "ci": d["ci"], "n": d["n"],
                           "state": V.state(d["ci"], claim)})
     states = {x["state"] for x in pairs}
@@ -224,7 +110,7 @@ def lr_robust(rows: list[dict], a: str, b: str, lrs: dict[str, list[float]], mom
     text = (f"{a} lrs {{{', '.join(f'{x:g}' for x in lrs[a])}}} x {b} lrs {{{', '.join(f'{x:g}' for x in lrs[b])}}} "
             "(the lrs whose sync loss is not resolved from the optimum's): ")
     text += (f"{pairs[0]['state']} at every pair" if holds else "depends on the lr choice: " + "; ".join(
-        f"{x['lrs'][0]:g}/{x['lrs'][1]:g} {_fmt(x['mean'])} {_ci(x)} {x['state']}" for x in pairs))
+        f"{x['lrs'][0]:g}/{x['lrs'][1]:g} {S.fmt(x['mean'])} {S.ci_text(x)} {x['state']}" for x in pairs))
     return {"pairs": pairs, "holds": holds, "state": pairs[0]["state"] if holds else None, "text": text}
 
 
@@ -252,76 +138,6 @@ def overhead_of(p: Preset, out: Path, best: dict, opt: str, mode: str) -> dict |
     return res
 
 
-def t_coverage_at_skew(skew: float, n: int, reps: int = 40000, seed: int = 0) -> dict:
-    """Monte Carlo coverage of the 95% t interval for a mean at ``n`` draws from a gamma law with the
-    given skewness (reflected where it is negative; normal at 0), and how often it misses on each side
-    (each 2.5% under normality): the coverage a measured skew implies."""
-    from scipy import stats as st
-
-    rng = np.random.default_rng(seed)
-    if abs(skew) < 1e-9:
-        x = rng.standard_normal((reps, n))
-    else:
-        k = 4.0 / skew**2  # gamma(k) has skewness 2 / sqrt(k); standardized, mean 0
-        x = np.sign(skew) * (rng.gamma(k, 1.0, (reps, n)) - k) / math.sqrt(k)
-    m, h = x.mean(1), st.t.ppf(0.975, n - 1) * x.std(1, ddof=1) / math.sqrt(n)
-    low, high = float(np.mean(m - h > 0)), float(np.mean(m + h < 0))  # the interval lies above / below 0
-    return {"skew": skew, "n": n, "reps": reps, "coverage": 1 - low - high, "miss_above": low, "miss_below": high}
-
-
-def skewness_check(rows: list[dict], opts, seeds: dict[str, set]) -> dict:
-    """Each gap cell's (optimizer, momentum, lr, mode: mode - sync per seed, 4 or more seeds) sample
-    skewness g1 against the normal null (SD sqrt(6(n-2)/((n+1)(n+3)))), and per optimizer the mean over
-    its cells against the null's SD of that mean: where the mean is more than 2 null SDs from 0 the
-    t intervals' coverage is in doubt, and the coverage at that skew (:func:`t_coverage_at_skew`) is given.
-    Cells that share a sync run are not independent: the pooled SD is a guide, not a test."""
-    from scipy import stats as st
-
-    out = {}
-    for opt in opts:
-        cells = []
-        for mom in sorted({r["momentum"] for r in rows if r["optimizer"] == opt}):
-            sync = by_lr(rows, opt, "sync", mom, seeds[opt])
-            for mode in sorted({r["mode"] for r in rows if r["optimizer"] == opt} - {"sync"}):
-                other = by_lr(rows, opt, mode, mom, seeds[opt])
-                for lr in sorted(set(sync) & set(other)):
-                    g = [other[lr][s] - sync[lr][s] for s in sorted(set(sync[lr]) & set(other[lr]))
-                         if sync[lr][s] is not None and other[lr][s] is not None]
-                    if len(g) < 4 or np.std(g) == 0:
-                        continue
-                    n, g1 = len(g), float(st.skew(g, bias=True))
-                    sd = math.sqrt(6 * (n - 2) / ((n + 1) * (n + 3)))
-                    cells.append({"momentum": mom, "mode": mode, "lr": lr, "n": n, "skew": g1, "null_sd": sd,
-                                  "flagged": abs(g1) > 2 * sd})
-        if not cells:
-            continue
-        mean = float(np.mean([c["skew"] for c in cells]))
-        sd = math.sqrt(sum(c["null_sd"] ** 2 for c in cells)) / len(cells)
-        doubt = abs(mean) > 2 * sd
-        n = round(float(np.median([c["n"] for c in cells])))
-        out[opt] = {"cells": cells, "mean_skew": mean, "null_sd": sd, "doubt": doubt,
-                    "coverage": t_coverage_at_skew(mean, n) if doubt else None}
-    return out
-
-
-def skew_text(check: dict) -> str:
-    """One line per optimizer of :func:`skewness_check`."""
-    parts = []
-    for opt, c in check.items():
-        flagged = [f"{x['mode']} m{x['momentum']:g} lr {x['lr']:g} ({x['skew']:+.2f})" for x in c["cells"] if x["flagged"]]
-        text = (f"{opt}: mean skewness of the per-seed gaps {c['mean_skew']:+.2f} over {len(c['cells'])} cells "
-                f"(normal null SD {c['null_sd']:.2f})")
-        if c["doubt"]:
-            cov = c["coverage"]
-            text += (f", resolved from 0: the 95% t interval covers {100 * cov['coverage']:.1f}% at that skew "
-                     f"(n = {cov['n']}, {cov['reps']} Monte Carlo draws), missing above {100 * cov['miss_above']:.1f}%"
-                     f" and below {100 * cov['miss_below']:.1f}%")
-        else:
-            text += ", not resolved from 0"
-        parts.append(text + ("; cells past 2 null SDs: " + ", ".join(flagged) if flagged else ""))
-    return "; ".join(parts)
-
-
 # -- 1: optimizer sensitivity ----------------------------------------------------------------------
 
 
@@ -341,15 +157,15 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
         for r in PAPER_ROBUST:
             if d not in by or r not in by:
                 continue
-            diff = _diff(by[d]["gap"], by[r]["gap"])
+            diff = S.diff(by[d]["gap"], by[r]["gap"])
             rob = robust[f"{d}-{r}"] = lr_robust(rows, d, r, near, {o: by[o]["momentum"] for o in (d, r)},
                                                  seeds=seeds)
             sc = V.score(f"{d} gap > {r} gap", diff["ci"], (0, None), 0.0,
                          censored=bool(by[d]["censored"] or by[r]["censored"]),
                          issues=by[d]["issues"] + by[r]["issues"], measured=diff["mean"],
                          lr_dependent=not rob["holds"])
-            verdicts.append(verdict("paper", f"{d} degrades more than {r}", "paper: gap difference > 0",
-                                    f"gap difference {_fmt(diff['mean'])} {_ci(diff)} over {diff['n']} seeds; "
+            verdicts.append(V.verdict("paper", f"{d} degrades more than {r}", "paper: gap difference > 0",
+                                    f"gap difference {S.fmt(diff['mean'])} {S.ci_text(diff)} over {diff['n']} seeds; "
                                     f"lr choice: {rob['text']}", sc))
     kinds = {o: r["prediction"]["kind"] for o, r in by.items()}
     lmo = ", ".join(f"{r['optimizer']} {r['prediction']['relative_penalty']:.3f}" for r in by.values()
@@ -357,16 +173,16 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
     adam = ", ".join(f"{r['optimizer']} {r['prediction']['stable_shrink']:.0f}x" for r in by.values()
                      if kinds[r["optimizer"]] == "adam")
     pairs = [(a, b) for a in by for b in by if kinds[a] == "adam" and kinds[b] == "lmo"]
-    by_mean = sum((_diff(by[a]["gap"], by[b]["gap"])["mean"] or 0) > 0 for a, b in pairs)
+    by_mean = sum((S.diff(by[a]["gap"], by[b]["gap"])["mean"] or 0) > 0 for a, b in pairs)
     order_text = f"{by_mean}/{len(pairs)} (Adam-type, LMO) pairs with the larger gap on the Adam-type side by the mean"
-    verdicts.append(verdict("note", "LMO methods (Muon, Lion) are less delay-sensitive than Adam-type ones",
+    verdicts.append(V.verdict("note", "LMO methods (Muon, Lion) are less delay-sensitive than Adam-type ones",
                             f"theory (a direction, no number): LMO relative penalty {lmo or '-'}; Adam-type stable "
                             f"range shrinks {adam or '-'}", order_text,
                             line=f"Theory (a direction, not scored): {order_text}."))
     adamw_vs_muon = None
     if "adamw" in by and "muon" in by:
-        d = _diff(by["adamw"]["gap"], by["muon"]["gap"])
-        tuned = stats([None if x is None or y is None else x - y for x, y in
+        d = S.diff(by["adamw"]["gap"], by["muon"]["gap"])
+        tuned = S.sample([None if x is None or y is None else x - y for x, y in
                        zip(by["adamw"]["tuned"]["gap"]["values"], by["muon"]["tuned"]["gap"]["values"])])
         paper_ratio = (PAPER_LOSSES["adamw"][1] - PAPER_LOSSES["adamw"][0]) / (
             PAPER_LOSSES["muon"][1] - PAPER_LOSSES["muon"][0])
@@ -376,18 +192,18 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
         sc = V.score("AdamW's gap / Muon's gap = the paper's", ratio["ci"] if ratio.get("bounded") else None,
                      paper_ratio, 1.0, censored=bool(by["adamw"]["censored"] or by["muon"]["censored"]),
                      issues=by["adamw"]["issues"] + by["muon"]["issues"], measured=ratio["ratio"], tolerance=tol)
-        verdicts.append(verdict(
+        verdicts.append(V.verdict(
             "paper", f"size: AdamW's gap {paper_ratio:.0f}x Muon's (360M: +0.278 vs +0.012)",
             f"paper: ratio {paper_ratio:.1f}" + ("" if tol is None else f" +- {tol:g} (the preset's tolerance)"),
-            f"AdamW {_fmt(gap['adamw'])} vs Muon {_fmt(gap['muon'])}: ratio {_fmt(ratio['ratio'], '.2g')} "
-            f"{_ci(ratio, '.2g')}; with each mode's lr tuned on its own the difference is {_fmt(tuned['mean'])} "
-            f"{_ci(tuned)}", sc))
-    numbers = [qualitative("gap order, Adam-type > LMO", "the theory gives the LMO relative penalty "
+            f"AdamW {S.fmt(gap['adamw'])} vs Muon {S.fmt(gap['muon'])}: ratio {S.fmt(ratio['ratio'], '.2g')} "
+            f"{S.ci_text(ratio, '.2g')}; with each mode's lr tuned on its own the difference is {S.fmt(tuned['mean'])} "
+            f"{S.ci_text(tuned)}", sc))
+    numbers = [V.qualitative("gap order, Adam-type > LMO", "the theory gives the LMO relative penalty "
                            f"({lmo or '-'}) and Adam's stable-range shrink ({adam or '-'}), no gap in loss units: "
                            + order_text)]
-    skew = skewness_check(rows, list(by), seeds)
-    verdicts.append(verdict("note", "skew of the per-seed gaps", "t intervals assume near-normal gaps",
-                            skew_text(skew), line=f"Skew (the t intervals' assumption): {skew_text(skew)}."))
+    skew = S.skewness_check(rows, list(by), seeds)
+    verdicts.append(V.verdict("note", "skew of the per-seed gaps", "t intervals assume near-normal gaps",
+                            S.skew_text(skew), line=f"Skew (the t intervals' assumption): {S.skew_text(skew)}."))
     return verdicts, numbers, robust, adamw_vs_muon, skew
 
 
@@ -399,27 +215,27 @@ def optimizers(p: Preset, out: Path) -> dict:
     for opt in p.llm.optimizers:
         base_seeds = set(range(P.seeds(p, opt)))
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
-        row = _cell_row(rows, opt, lr, mom, ("sync", "delayed"))
+        row = cell_row(rows, opt, lr, mom, ("sync", "delayed"))
         row["censored"] = best[opt]["censored"]
         row["lrs"] = best[opt]["lrs"]
         row["power"] = P.headline_seeds(p, out, opt, best) if opt in p.llm.headline else None
         cell = cells[(opt, lr, mom)]
         row["overhead"] = {m: o for m in ("delayed", "ef") for o in [overhead_of(p, out, best, opt, m)] if o}
         row["diagnostics"] = diagnostics_of(cell)
-        row["neighbourhood"] = [{"lr": x, "gap": _cell_row([r for r in rows if r["seed"] in base_seeds], opt, x,
+        row["neighbourhood"] = [{"lr": x, "gap": cell_row([r for r in rows if r["seed"] in base_seeds], opt, x,
                                                            mom, ("sync", "delayed"))["gap"]}
                                 for x in P.neighbours(best[opt]["lrs"], lr)]
         row["tuned"] = tuned_gap(rows, opt, mom, seeds=base_seeds)
         g, s = row["gap"]["mean"], row["sync"]["mean"]
         row["relative_gap_pct"] = None if g is None or not s else 100 * g / s
-        row["resolved"] = _resolved(row["gap"])
+        row["resolved"] = S.resolved(row["gap"])
         row["prediction"] = predict.optimizer_prediction(opt, mom)
         paper = PAPER_LOSSES.get(opt)
         row["paper_gap"] = None if paper is None else paper[1] - paper[0]
         table.append(row)
     by = {r["optimizer"]: r for r in table}
     verdicts, numbers, robust, adamw_vs_muon, skew = optimizer_verdicts(p, rows, by)
-    listing = ", ".join(f"{o} {_fmt(r['gap']['mean'])}" for o, r in by.items())
+    listing = ", ".join(f"{o} {S.fmt(r['gap']['mean'])}" for o, r in by.items())
     return {"id": 1, "key": "optimizers", "title": "Optimizer sensitivity to a one-step delay",
             "paper": "360M: AdamW 2.612 sync vs 2.890 delayed (+0.278), Muon 2.578 vs 2.590 (+0.012); MARS "
                      "degrades like AdamW, SOAP, Lion and Adan far less.",
@@ -427,7 +243,7 @@ def optimizers(p: Preset, out: Path) -> dict:
                       "penalty tau/lag, Theorem 1). Adam-type: with a frozen preconditioner a one-step delay "
                       "shrinks the stable eta*lambda from 2(1+beta1)/(1-beta1) to 1 (theory.stability).",
             "rows": table, "verdicts": verdicts, "headline": f"gap at the best sync lr: {listing}",
-            "adamw_vs_muon": adamw_vs_muon, "lr_robustness": robust, "skew": skew, "theory_numbers": numbers, **part_states(verdicts, numbers)}
+            "adamw_vs_muon": adamw_vs_muon, "lr_robustness": robust, "skew": skew, "theory_numbers": numbers, **V.part_states(verdicts, numbers)}
 
 
 # -- 2: mitigations --------------------------------------------------------------------------------
@@ -437,7 +253,7 @@ def _recovered(rows: list[dict], fix: str) -> dict:
     """Share of the gap a mitigation recovers (:func:`delaylab.llm.metrics.recovery`, Fieller's set)."""
     by = {m: {r["seed"]: r["val_loss"] for r in rows if r["mode"] == m} for m in ("sync", "delayed", fix)}
     rec = metrics.recovery(by["sync"], by["delayed"], by[fix])
-    return {**rec, "per_seed": stats(rec["values"])}
+    return {**rec, "per_seed": S.sample(rec["values"])}
 
 
 def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
@@ -456,7 +272,7 @@ def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
     return {"optimizer": opt, "sync_lr": delayed["sync_lr"], "delayed_lr": delayed["lr"], "ef_lr": ef["lr"],
             "delayed_gap": delayed["gap"], "ef_gap": ef["gap"], "censored": censored, "n": ratio["n"],
             "recovered": None if ratio["ratio"] is None else 100 * (1 - ratio["ratio"]),
-            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces, "issues": _issues(sel)}
+            "ci": pieces[0] if ratio["bounded"] else None, "set": pieces, "issues": S.issues_of(sel)}
 
 
 def mitigations(p: Preset, out: Path) -> dict:
@@ -467,8 +283,8 @@ def mitigations(p: Preset, out: Path) -> dict:
     for opt in p.llm.optimizers:
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
         sel = [r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)]
-        row = _cell_row(sel, opt, lr, mom, ("sync", "delayed", *mits))
-        row["resolved"] = _resolved(row["gap"])
+        row = cell_row(sel, opt, lr, mom, ("sync", "delayed", *mits))
+        row["resolved"] = S.resolved(row["gap"])
         row["censored"] = best[opt]["censored"]
         for m in mits:
             row[f"{m}_recovered"] = _recovered(sel, m)
@@ -486,7 +302,7 @@ def mitigations(p: Preset, out: Path) -> dict:
                 sel = [r for r in rows + ef_rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)
                        and r["mode"] in ("sync", "delayed", "ef") and r["seed"] in base_seeds]
                 sel = list({(r["mode"], r["seed"]): r for r in sel}.values())
-                cell = _cell_row(sel, opt, lr, mom, ("sync", "delayed", "ef"))
+                cell = cell_row(sel, opt, lr, mom, ("sync", "delayed", "ef"))
                 ef_by_lr.append({"optimizer": opt, "lr": lr, "gap": cell["gap"], "ef_gap": cell["ef_gap"],
                                  "recovered": _recovered(sel, "ef"), "runs": cell["runs"]})
             ef_tuned.append(_tuned_recovery(rows + ef_rows, opt, mom, seeds=base_seeds))
@@ -496,20 +312,20 @@ def mitigations(p: Preset, out: Path) -> dict:
             rec = r["ef_recovered"]
             sc = V.score(f"{r['optimizer']}: EF recovers 50-90% (at the best sync lr)", rec["ci"], PAPER_EF, 0.0,
                          censored=bool(r["censored"]), issues=r["issues"], measured=rec["ratio_of_means"])
-            verdicts.append(verdict("paper", f"{r['optimizer']}: EF recovers 50-90% of the gap (best sync lr)",
-                                    "paper: 50-90%", f"{_fmt(rec['ratio_of_means'], '.0f')}% "
-                                    f"{_ci(rec, '.0f')} over {rec['n']} seeds", sc))
+            verdicts.append(V.verdict("paper", f"{r['optimizer']}: EF recovers 50-90% of the gap (best sync lr)",
+                                    "paper: 50-90%", f"{S.fmt(rec['ratio_of_means'], '.0f')}% "
+                                    f"{S.ci_text(rec, '.0f')} over {rec['n']} seeds", sc))
         for t in ef_tuned:
             cen = any(t["censored"].values())
             sc = V.score(f"{t['optimizer']}: EF recovers 50-90% (each mode tuned)", t["ci"], PAPER_EF, 0.0,
                          censored=cen, issues=t["issues"], measured=t["recovered"])
-            verdicts.append(verdict(
+            verdicts.append(V.verdict(
                 "paper", f"{t['optimizer']}: EF recovers 50-90% of the gap (each mode at its own best lr)",
-                "paper: 50-90%", f"{_fmt(t['recovered'], '.0f')}% {_ci(t, '.0f')} over {t['n']} seeds (lrs: sync "
+                "paper: 50-90%", f"{S.fmt(t['recovered'], '.0f')}% {S.ci_text(t, '.0f')} over {t['n']} seeds (lrs: sync "
                 f"{t['sync_lr']:g}, delayed {t['delayed_lr']:g}, EF {t['ef_lr']:g})", sc))
         adam = [r for r in table if r["prediction"]["kind"] == "adam"]
         widen = ", ".join(f"{r['optimizer']} x{r['prediction']['ef_widening']:.2f}" for r in adam)
-        verdicts.append(verdict(
+        verdicts.append(V.verdict(
             "note", "EF's condition: Adam-type methods gain stable range under EF; LMO methods gain iff the direction "
             "drift delta_bar < 1 (Theorem 3)", f"theory: EF widens Adam's delayed stable range ({widen or '-'})",
             "", line="Theory (a direction, not scored): EF widens the Adam-type delayed stable range ("
@@ -520,17 +336,17 @@ def mitigations(p: Preset, out: Path) -> dict:
             continue
         for r in table:
             rec = r[f"{m}_recovered"]
-            numbers.append(theory_number(
+            numbers.append(V.theory_number(
                 f"{r['optimizer']}: {m} recovery (% of the gap)", 100 * share[m], rec["ratio_of_means"], rec["ci"],
                 f"share of the delay term sum_t 2 L eta_t tau the {k} undelayed updates carry", null=0.0, unit="%",
                 censored=bool(r["censored"]), issues=r["issues"], set_=rec["set"]))
-    numbers.append(qualitative(
+    numbers.append(V.qualitative(
         "EF recovery", "no number: Theorem 3's condition (delta_bar < 1) is not measured in GPT runs, and the "
         "stability model gives EF's widened lr range (finding 4), not a loss"))
 
     def share_of(r):
         rec = r["ef_recovered"]
-        return f"{_fmt(rec['ratio_of_means'], '.0f')}% {_ci(rec, '.0f')}"
+        return f"{S.fmt(rec['ratio_of_means'], '.0f')}% {S.ci_text(rec, '.0f')}"
 
     headline = ("EF recovers " + ", ".join(f"{r['optimizer']} {share_of(r)}" for r in table)
                 if "ef" in mits else "EF not run")
@@ -541,7 +357,7 @@ def mitigations(p: Preset, out: Path) -> dict:
                       "Adam-type methods EF moves the delayed stable range from 1 to (sqrt(1+4/(1-beta1))-1)/2. "
                       "Sync start / cooldown remove the delay term of the undelayed updates. DC-ASGD: no bound.",
             "rows": table, "verdicts": verdicts, "undelayed_share": share, "headline": headline,
-            "ef_by_lr": ef_by_lr, "ef_tuned": ef_tuned, "theory_numbers": numbers, **part_states(verdicts, numbers)}
+            "ef_by_lr": ef_by_lr, "ef_tuned": ef_tuned, "theory_numbers": numbers, **V.part_states(verdicts, numbers)}
 
 
 # -- 3: momentum -----------------------------------------------------------------------------------
@@ -559,35 +375,35 @@ def momentum(p: Preset, out: Path) -> dict:
         for mom in grid:
             g = P.momentum_grid(p, out, opt, mom, best)
             sync_lr = g["best"]["sync"]
-            row = _cell_row(rows, opt, sync_lr, mom, ("sync", "delayed"))
+            row = cell_row(rows, opt, sync_lr, mom, ("sync", "delayed"))
             row["fixed_lr"] = best[opt]["lr"]
-            row["fixed_gap"] = _cell_row(rows, opt, best[opt]["lr"], mom, ("sync", "delayed"))["gap"]
+            row["fixed_gap"] = cell_row(rows, opt, best[opt]["lr"], mom, ("sync", "delayed"))["gap"]
             row["tuned"] = tuned_gap(rows, opt, mom)
             row["lrs"] = g["lrs"]
             row["censored"] = {m: c for m, c in g["censored"].items() if c}
             row["prediction"] = predict.optimizer_prediction(opt, mom)
-            row["issues"] = _issues([r for r in rows if (r["optimizer"], r["momentum"]) == (opt, mom)])
+            row["issues"] = S.issues_of([r for r in rows if (r["optimizer"], r["momentum"]) == (opt, mom)])
             pts.append(row)
         table += pts
         moms = [r["momentum"] for r in pts]
-        slopes[opt] = {name: _slope(moms, [get(r)["mean"] for r in pts]) for name, get in
+        slopes[opt] = {name: S.slope(moms, [get(r)["mean"] for r in pts]) for name, get in
                        (("fixed_lr", lambda r: r["fixed_gap"]), ("sync_tuned", lambda r: r["gap"]),
                         ("each_tuned", lambda r: r["tuned"]["gap"]))}
         lo, hi = pts[0]["tuned"]["gap"]["values"], pts[-1]["tuned"]["gap"]["values"]
-        change = changes[opt] = stats([None if x is None or y is None else y - x for x, y in zip(lo, hi)])
+        change = changes[opt] = S.sample([None if x is None or y is None else y - x for x, y in zip(lo, hi)])
         sc = V.score(f"{opt}: higher momentum shrinks the gap", change["ci"], (None, 0), 0.0,
                      censored=bool(pts[0]["censored"] or pts[-1]["censored"]),
                      issues=pts[0]["issues"] + pts[-1]["issues"], measured=change["mean"])
-        verdicts.append(verdict(
+        verdicts.append(V.verdict(
             "paper", f"{opt}: higher momentum shrinks the gap", "paper: gap change < 0",
-            f"each mode tuned, momentum {moms[0]:g} -> {moms[-1]:g}: gap {_fmt(pts[0]['tuned']['gap']['mean'])} -> "
-            f"{_fmt(pts[-1]['tuned']['gap']['mean'])}, change {_fmt(change['mean'])} {_ci(change)}; slope per unit "
-            f"momentum: lr fixed {_fmt(slopes[opt]['fixed_lr'])}, sync-tuned {_fmt(slopes[opt]['sync_tuned'])}, "
-            f"each tuned {_fmt(slopes[opt]['each_tuned'])}", sc))
+            f"each mode tuned, momentum {moms[0]:g} -> {moms[-1]:g}: gap {S.fmt(pts[0]['tuned']['gap']['mean'])} -> "
+            f"{S.fmt(pts[-1]['tuned']['gap']['mean'])}, change {S.fmt(change['mean'])} {S.ci_text(change)}; slope per unit "
+            f"momentum: lr fixed {S.fmt(slopes[opt]['fixed_lr'])}, sync-tuned {S.fmt(slopes[opt]['sync_tuned'])}, "
+            f"each tuned {S.fmt(slopes[opt]['each_tuned'])}", sc))
         key = "relative_penalty" if predict.kind(opt) == "lmo" else "stable_shrink"
         what = ("the LMO relative penalty tau/lag" if key == "relative_penalty"
                 else "Adam's sync/delayed stable-range ratio 2(1+beta1)/(1-beta1)")
-        numbers.append(qualitative(f"{opt}: gap vs momentum", f"{what}: " + ", ".join(
+        numbers.append(V.qualitative(f"{opt}: gap vs momentum", f"{what}: " + ", ".join(
             f"{r['momentum']:g}: {r['prediction'][key]:.3g}" for r in pts) + "; no gap in loss units"))
     return {"id": 3, "key": "momentum", "title": "Momentum: gap vs momentum decay",
             "paper": "Higher momentum shrinks the gap (AdamW beta1, Muon momentum).",
@@ -601,8 +417,8 @@ def momentum(p: Preset, out: Path) -> dict:
             "rows": table, "verdicts": verdicts, "slopes": slopes, "theory_numbers": numbers,
             "changes": changes,
             "headline": "gap change from the lowest to the highest momentum, each mode tuned: " + ", ".join(
-                f"{o} {_fmt(c['mean'])} {_ci(c)}" for o, c in changes.items()),
-            **part_states(verdicts, numbers)}
+                f"{o} {S.fmt(c['mean'])} {S.ci_text(c)}" for o, c in changes.items()),
+            **V.part_states(verdicts, numbers)}
 
 
 # -- 4: learning rate ------------------------------------------------------------------------------
@@ -629,37 +445,37 @@ def learning_rate(p: Preset, out: Path) -> dict:
     for opt in p.llm.lr_sweep:
         mom, seeds = p.llm.momentum.get(opt), set(range(P.seeds(p, opt)))
         lrs = best[opt]["lrs"]
-        pts = [_cell_row(rows, opt, lr, mom, ("sync", "delayed")) for lr in lrs]
+        pts = [cell_row(rows, opt, lr, mom, ("sync", "delayed")) for lr in lrs]
         table += pts
-        issues = _issues([r for r in rows if r["optimizer"] == opt])
+        issues = S.issues_of([r for r in rows if r["optimizer"] == opt])
         pred = predict.lr_shift(opt, mom, steps)
-        measured = metrics.lr_shift(by_lr(rows, opt, "sync", mom, seeds), by_lr(rows, opt, "delayed", mom, seeds))
+        measured = metrics.lr_shift(S.by_lr(rows, opt, "sync", mom, seeds), S.by_lr(rows, opt, "delayed", mom, seeds))
         optima[opt] = {"delayed": measured}
-        slopes[opt] = _slope([math.log2(r["lr"]) for r in pts], [r["gap"]["mean"] for r in pts])
+        slopes[opt] = S.slope([math.log2(r["lr"]) for r in pts], [r["gap"]["mean"] for r in pts])
         sc = V.score(f"{opt}: best delayed lr below best sync lr", measured["ci"], (None, 1.0), 1.0,
                      censored=bool(measured["censored"]), issues=issues, measured=measured["ratio"])
-        verdicts.append(verdict("paper", f"{opt}: delayed degrades faster than sync at high lr",
+        verdicts.append(V.verdict("paper", f"{opt}: delayed degrades faster than sync at high lr",
                                 "paper: delayed optimum / sync optimum < 1",
                                 f"delayed / sync optimum (log-parabola) {_shift_text(measured)}; gap "
-                                f"{_fmt(slopes[opt])} per doubling of lr", sc))
-        numbers.append(theory_number(f"{opt}: best delayed lr / best sync lr", pred["delayed"], measured["ratio"],
+                                f"{S.fmt(slopes[opt])} per doubling of lr", sc))
+        numbers.append(V.theory_number(f"{opt}: best delayed lr / best sync lr", pred["delayed"], measured["ratio"],
                                      measured["ci"], pred.get("source", ""), null=1.0,
                                      censored=bool(measured["censored"]), issues=issues))
         if opt in p.llm.ef_lrs and ef_rows:
-            ef = metrics.lr_shift(by_lr(rows, opt, "delayed", mom, seeds), by_lr(ef_rows, opt, "ef", mom, seeds))
+            ef = metrics.lr_shift(S.by_lr(rows, opt, "delayed", mom, seeds), S.by_lr(ef_rows, opt, "ef", mom, seeds))
             optima[opt]["ef"] = ef
             grid_ef = P.ef_grid(p, out, opt, best)["lrs"]
             q = f"{opt}: best EF lr / best delayed lr (EF over {', '.join(f'{x:g}' for x in grid_ef)})"
             if pred["ef"] is not None:
-                numbers.append(theory_number(q, pred["ef"], ef["ratio"], ef["ci"], pred.get("source", ""), null=1.0,
+                numbers.append(V.theory_number(q, pred["ef"], ef["ratio"], ef["ci"], pred.get("source", ""), null=1.0,
                                              censored=bool(ef["censored"]), issues=issues))
             else:
-                numbers.append(qualitative(q, "no number (Theorem 3 has no closed-form optimum here)",
+                numbers.append(V.qualitative(q, "no number (Theorem 3 has no closed-form optimum here)",
                                            measured=ef["ratio"], ci=ef["ci"]))
     shift = {o: v["delayed"]["grid"] for o, v in optima.items()}
     if any(predict.kind(a) == "adam" for a in shift) and any(predict.kind(b) == "lmo" for b in shift):
         text = ", ".join(f"{o} {_shift_text(v['delayed'])}" for o, v in optima.items())
-        verdicts.append(verdict("note", "order: the Adam-type optimum moves further than the LMO one",
+        verdicts.append(V.verdict("note", "order: the Adam-type optimum moves further than the LMO one",
                                 "theory (a direction): a stability threshold 38x lower (Adam-type) against a linear "
                                 "delay term (LMO)", text, line=f"Theory (a direction, not scored): {text}."))
     return {"id": 4, "key": "learning_rate", "title": "Learning rate: sync and delayed loss vs peak lr",
@@ -671,7 +487,7 @@ def learning_rate(p: Preset, out: Path) -> dict:
             "theory_numbers": numbers,
             "headline": "best delayed lr / best sync lr (log-parabola optimum): " + ", ".join(
                 f"{o} {_shift_text(v['delayed'])}" for o, v in optima.items()),
-            **part_states(verdicts, numbers)}
+            **V.part_states(verdicts, numbers)}
 
 
 # -- 5: schedules ----------------------------------------------------------------------------------
@@ -682,11 +498,11 @@ def pipedream_verdict(opt: str, delays: list[int], diff: dict, measured: str, is
     (PipeDream - 2BW, paired by seed) at depth >= 4, the depths the paper reports; below, a note."""
     depth = len(delays)
     if depth < 4:
-        return verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream (tau = {delays})", "no paper claim at this depth",
+        return V.verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream (tau = {delays})", "no paper claim at this depth",
                        measured, line=f"{opt}, depth {depth} (no paper claim at this depth): {measured}.")
     sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", diff["ci"], (0, None), 0.0, issues=issues,
                  measured=diff["mean"])
-    return verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {delays})",
+    return V.verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {delays})",
                    "paper: PipeDream - 2BW > 0", measured, sc)
 
 
@@ -697,19 +513,19 @@ def schedules(p: Preset, out: Path) -> dict:
     table, verdicts, numbers = [], [], []
     for opt in s.optimizers:
         sel = [r for r in rows if r["optimizer"] == opt]
-        sync, twobw = _by_seed(sel, mode="sync"), _by_seed(sel, mode="2bw")
+        sync, twobw = S.by_seed(sel, mode="sync"), S.by_seed(sel, mode="2bw")
         for name in groups:
-            runs = _by_seed(sel, mode=name)
+            runs = S.by_seed(sel, mode=name)
             delays = {"sync": [0], "2bw": [1]}.get(name) or P.schedule_delays(int(name.split("-")[1]))
             row = {"optimizer": opt, "schedule": name, "lr": s.lrs[opt], "delays": delays,
-                   "mean_delay": predict.mean_delay(delays), "loss": stats([runs[k]["val_loss"] for k in sorted(runs)]),
+                   "mean_delay": predict.mean_delay(delays), "loss": S.sample([runs[k]["val_loss"] for k in sorted(runs)]),
                    "runs": {name: [runs[k]["run"] for k in sorted(runs)]}}
             if name != "sync":
-                row["gap"] = stats(_paired(sync, runs))
+                row["gap"] = S.sample(S.paired(sync, runs))
             table.append(row)
             if not name.startswith("pipedream"):
                 continue
-            row["vs_2bw"] = stats(_paired(twobw, runs))
+            row["vs_2bw"] = S.sample(S.paired(twobw, runs))
 
             def gaps(mode_runs):
                 return {k: None if mode_runs[k]["val_loss"] is None or sync[k]["val_loss"] is None
@@ -718,17 +534,17 @@ def schedules(p: Preset, out: Path) -> dict:
             row["gap_ratio"] = metrics.mean_ratio(gaps(runs), gaps(twobw))
             ratio = row["gap_ratio"]
             depth, vs = len(delays), row["vs_2bw"]
-            numbers.append(qualitative(
+            numbers.append(V.qualitative(
                 f"{opt}, depth {depth}: PipeDream gap / 2BW gap", "sketch: with equal L_l per stage the delay term "
                 "2 eta sum_l L_l tau_l is mean(tau) times 2BW's (docs/theory.md: per-group delays are not encoded)",
                 note="sketch", measured=ratio["ratio"], ci=ratio["ci"], set_=ratio["set"],
                 predicted=row["mean_delay"]))
-            issues = _issues(sel)
-            measured = f"PipeDream - 2BW = {_fmt(vs['mean'])} {_ci(vs)} over {vs['n']} seeds; gap ratio " \
-                       f"{_fmt(ratio['ratio'], '.2f')} {_ci(ratio, '.2f')} (sketch: mean tau {row['mean_delay']:.2f})"
+            issues = S.issues_of(sel)
+            measured = f"PipeDream - 2BW = {S.fmt(vs['mean'])} {S.ci_text(vs)} over {vs['n']} seeds; gap ratio " \
+                       f"{S.fmt(ratio['ratio'], '.2f')} {S.ci_text(ratio, '.2f')} (sketch: mean tau {row['mean_delay']:.2f})"
             verdicts.append(pipedream_verdict(opt, delays, vs, measured, issues))
     headline = "PipeDream - 2BW val loss: " + "; ".join(
-        f"{r['optimizer']} depth {len(r['delays'])} {_fmt(r['vs_2bw']['mean'])} {_ci(r['vs_2bw'])}"
+        f"{r['optimizer']} depth {len(r['delays'])} {S.fmt(r['vs_2bw']['mean'])} {S.ci_text(r['vs_2bw'])}"
         for r in table if "vs_2bw" in r)
     return {"id": 5, "key": "schedules", "title": "Schedules: constant delay (2BW) vs PipeDream's per-stage delays",
             "paper": "PipeDream-2BW's constant one-step delay beats the original PipeDream's stage-dependent delay "
@@ -739,13 +555,13 @@ def schedules(p: Preset, out: Path) -> dict:
             "depths": list(s.depths), "rows": table, "verdicts": verdicts, "headline": headline,
             "theory_numbers": numbers,
             "engine": "single-process simulator with per-stage delays (the multi-process engine is tested bit-equal "
-                      "to it in tests/pipeline)", **part_states(verdicts, numbers)}
+                      "to it in tests/pipeline)", **V.part_states(verdicts, numbers)}
 
 
 # -- 6: toy rates ----------------------------------------------------------------------------------
 
 
-def _mode(r: dict) -> str:
+def mode_label(r: dict) -> str:
     if r["delay"] == 0:
         return "sync"
     return f"tau={r['delay']}" + ("" if r["correction"] == "none" else f"+{r['correction'].upper()}")
@@ -813,15 +629,15 @@ def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compar
     top = max(r["max_ratio"] for r in rates)
 
     def scored(kind, claim, predicted, measured, state):
-        v = verdict(kind, claim, predicted, measured, line=f"{claim}: {measured} -> {state}")
+        v = V.verdict(kind, claim, predicted, measured, line=f"{claim}: {measured} -> {state}")
         v["state"] = state
         return v
 
-    verdicts = [scored("paper", f"{r['problem']} {r['method']} {_mode(r)}: under the bound at its slope",
+    verdicts = [scored("paper", f"{r['problem']} {r['method']} {mode_label(r)}: under the bound at its slope",
                        "measured 95% interval below the bound at every T; slope <= exponent + tolerance",
                        f"measured/bound <= {r['max_ratio']:.2f}, slope {r['slope']:.3f}", r["state"])
                 for r in rates]
-    numbers = [{"quantity": f"{r['problem']} {r['method']} {_mode(r)}: max measured / bound", "predicted": 1.0,
+    numbers = [{"quantity": f"{r['problem']} {r['method']} {mode_label(r)}: max measured / bound", "predicted": 1.0,
                 "measured": r["max_ratio"], "ci": None, "set": None, "unit": "x",
                 "source": "Theorems 1 and 3: measured <= bound",
                 "note": "an upper bound: agrees when every T's interval is below it", "state": r["state"],
@@ -829,7 +645,7 @@ def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compar
     for claim, pts, key, up in (("gap grows with eta", cost["eta_sweep"], "eta", True),
                                 ("relative gap shrinks with beta", cost["beta_sweep"], "beta", False)):
         sc, step = trend_score(f"toy {cost['method']}: {claim}", pts, key, relative=not up, increasing=up)
-        verdicts.append(verdict("theory", f"{cost['problem']} {cost['method']}, {claim}",
+        verdicts.append(V.verdict("theory", f"{cost['problem']} {cost['method']}, {claim}",
                                 f"theory: {claim} (every step of the sweep)", f"weakest step {step}", sc))
         numbers.append({"quantity": f"toy {claim}", "predicted": None, "measured": sc["measured"],
                         "ci": sc["interval"], "set": None, "unit": "", "source": "Theorem 1's delay term",
@@ -847,8 +663,8 @@ def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compar
         sc = V.score(f"toy {r['method']}: EF's gain {'> 0' if r['predicted_helps'] else '<= 0'}", r["ef_gain_ci"],
                      claim, 0.0, measured=r["ef_gain"])
         gain = "no interval" if r["ef_gain_ci"] is None else \
-            f"gain {_fmt(r['ef_gain'])} [{r['ef_gain_ci'][0]:+.3f}, {r['ef_gain_ci'][1]:+.3f}] of sync's grad norm"
-        verdicts.append(verdict("theory", f"EF's condition on {r['method']} (delta_bar < 2/3, Theorem 3)",
+            f"gain {S.fmt(r['ef_gain'])} [{r['ef_gain_ci'][0]:+.3f}, {r['ef_gain_ci'][1]:+.3f}] of sync's grad norm"
+        verdicts.append(V.verdict("theory", f"EF's condition on {r['method']} (delta_bar < 2/3, Theorem 3)",
                                 "EF helps (gain > 0) where delta_bar < 2/3, not elsewhere",
                                 f"delta_bar {r['delta_bar']:.2f}, EF recovers {r['ef_recovers_pct']:.0f}%, {gain}",
                                 sc))
@@ -865,7 +681,7 @@ def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compar
             "cost_runs": [cost_folder], "ef": ef_rows, "verdicts": verdicts, "theory_numbers": numbers,
             "headline": f"{held}/{len(rates)} settings with every T's 95% interval under the bound and slope <= "
                         f"exponent + tolerance; "
-                        f"measured/bound <= {top:.2f}", **part_states(verdicts, numbers)}
+                        f"measured/bound <= {top:.2f}", **V.part_states(verdicts, numbers)}
 
 
 FINDINGS = (optimizers, mitigations, momentum, learning_rate, schedules, toy)

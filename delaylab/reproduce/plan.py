@@ -29,8 +29,10 @@ from typing import Callable
 
 from delaylab.llm.metrics import iso_loss_overhead, t_interval, val_points
 from delaylab.llm.sweep import Cell, read_metrics
+from delaylab.errors import ConfigError
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import LLMRun, ToyRun, read_summary
+from delaylab.reproduce.verdicts import protocol_issues
 
 MAIN = "main"
 SWEEP_MODE = {"ef": "ef", "dc-asgd": "dc-asgd", "sync-start": "delayed", "sync-cooldown": "delayed"}
@@ -671,3 +673,36 @@ def _unique(runs: list) -> list:
                                                                                getattr(r, "kwargs", None)):
             raise AssertionError(f"two configurations for {r.folder}")
     return out
+
+
+def check_protocol(p: Preset) -> None:
+    """The protocol's rules (:func:`delaylab.reproduce.verdicts.protocol_issues`) on the runs a
+    preset's headline depends on: the momentum grid, the headline optimizers' runs, the schedule
+    comparison and every point of the axes. Another optimizer that breaks them (cpu-small's Lion
+    and Adan) runs, and every verdict on it says undetermined. ci's runs are too short to mean
+    anything (under 100 updates): not checked here, and its verdicts are all undetermined."""
+    def check(opt, mom, base):
+        if base["steps"] < 100:
+            return
+        issues = protocol_issues(opt, mom, base["steps"], base.get("warmup"))
+        if issues:
+            raise ConfigError(f"preset {p.name}: {issues[0]}")
+
+    g = p.llm
+    if g is not None:
+        for opt, grid in g.momenta.items():
+            for m in grid:
+                check(opt, m, g.base)
+        for opt in g.headline:
+            check(opt, g.momentum.get(opt), g.base)
+    if p.schedules is not None:
+        for opt in p.schedules.optimizers:
+            check(opt, p.llm.momentum.get(opt), {**p.llm.base, **p.schedules.overrides})
+    if p.scale is not None:
+        for size, ratio in p.scale.points():
+            for opt in p.scale.optimizers:
+                check(opt, p.scale.momentum.get(opt), axis_base(p, size, ratio))
+    if p.delays is not None:
+        for s in p.delays.settings:
+            for opt in p.delays.optimizers:
+                check(opt, p.delays.momentum.get(opt), {**p.delays.base, **s.model})

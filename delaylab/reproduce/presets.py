@@ -285,7 +285,7 @@ PRESETS: dict[str, Preset] = {
                  "adan": (3e-3, 1e-2, 3e-2), "mars": (3e-3, 1e-2, 3e-2)},
             momentum={"adamw": 0.9, "muon": 0.95},
             # Stops at 0.95: beta1 = 0.98 would need beta2 > 0.9604 (AdamW's is 0.95) and
-            # 10 / (1 - 0.98) = 500 updates after warmup (these runs have 285); check_protocol.
+            # 10 / (1 - 0.98) = 500 updates after warmup (these runs have 285); plan.check_protocol.
             momenta={"adamw": (0.8, 0.9, 0.95), "muon": (0.8, 0.9, 0.95)},
             lr_sweep=("adamw", "muon"),
             seeds=5,
@@ -319,7 +319,7 @@ PRESETS: dict[str, Preset] = {
                 "paper's ordering, EF and sync start, delayed runs up to 4x as long for the iso-loss overhead, "
                 "2BW vs PipeDream at depth 2; toy rates",
         llm=LLMGrid(
-            # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (check_protocol)
+            # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (plan.check_protocol)
             base=dict(preset="small", block_size=64, batch_size=16, steps=220, eval_every=22, eval_batches=8,
                       log_every=10, ckpt_every=110, **_RUN),
             optimizers=("adamw", "muon"),
@@ -368,7 +368,7 @@ PRESETS: dict[str, Preset] = {
                 "of the delayed runs at tau = 1 and 8 (2 seeds, runs up to 4x as long)",
         llm=None, schedules=None, toy=None,
         delays=DelayGrid(
-            # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (check_protocol);
+            # 220 updates: 209 after the 5% warmup, the 200 Muon's momentum 0.95 needs (plan.check_protocol);
             # 8 sequences (not cpu-quick's 16) to fit 90 min on 2 cores (docs/beyond.md, "Delay axis")
             base=dict(preset="small", block_size=64, batch_size=8, steps=220, eval_every=22, eval_batches=8,
                       log_every=10, ckpt_every=110, **_RUN),
@@ -441,45 +441,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def check_protocol(p: Preset) -> None:
-    """The protocol's rules (:func:`delaylab.reproduce.verdicts.protocol_issues`) on the runs a
-    preset's headline depends on: the momentum grid, the headline optimizers' runs, the schedule
-    comparison and every point of the axes. Another optimizer that breaks them (cpu-small's Lion
-    and Adan) runs, and every verdict on it says undetermined. ci's runs are too short to mean
-    anything (under 100 updates): not checked here, and its verdicts are all undetermined."""
-    from delaylab.reproduce.verdicts import protocol_issues
-
-    def check(opt, mom, base):
-        if base["steps"] < 100:
-            return
-        issues = protocol_issues(opt, mom, base["steps"], base.get("warmup"))
-        if issues:
-            raise ConfigError(f"preset {p.name}: {issues[0]}")
-
-    g = p.llm
-    if g is not None:
-        for opt, grid in g.momenta.items():
-            for m in grid:
-                check(opt, m, g.base)
-        for opt in g.headline:
-            check(opt, g.momentum.get(opt), g.base)
-    if p.schedules is not None:
-        for opt in p.schedules.optimizers:
-            check(opt, p.llm.momentum.get(opt), {**p.llm.base, **p.schedules.overrides})
-    if p.scale is not None:
-        from delaylab.reproduce.plan import axis_base
-
-        for size, ratio in p.scale.points():
-            for opt in p.scale.optimizers:
-                check(opt, p.scale.momentum.get(opt), axis_base(p, size, ratio))
-    if p.delays is not None:
-        for s in p.delays.settings:
-            for opt in p.delays.optimizers:
-                check(opt, p.delays.momentum.get(opt), {**p.delays.base, **s.model})
-
-
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
-    check_protocol(PRESETS[name])
     return PRESETS[name]

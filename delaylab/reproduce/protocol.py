@@ -22,7 +22,9 @@ from pathlib import Path
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
-from delaylab.reproduce.findings import _ci, _cell_row, _fmt, diagnostics_of, qualitative, stats
+from delaylab.reproduce import stats as S
+from delaylab.reproduce.findings import cell_row, diagnostics_of
+from delaylab.reproduce.verdicts import qualitative
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import read_summary
 
@@ -53,7 +55,7 @@ def _setting(rows: list[dict], opt: str, lr: float, mom, fix: str | None = "ef")
     """Gap, the fix's gap and recovery, iso-loss overheads and diagnostics of one (opt, lr, mom)."""
     sel = [r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)]
     modes = ("sync", "delayed") + ((fix,) if fix and any(r["mode"] == fix for r in sel) else ())
-    cell = _cell_row(sel, opt, lr, mom, modes)
+    cell = cell_row(sel, opt, lr, mom, modes)
     renamed = [dict(r, mode="ef") if r["mode"] == fix else r for r in sel if r["mode"] in modes]
     grid = summarize(renamed)["grid"][0]
     out = {"optimizer": opt, "lr": lr, "gap": cell["gap"], "runs": cell["runs"],
@@ -69,14 +71,14 @@ def _setting(rows: list[dict], opt: str, lr: float, mom, fix: str | None = "ef")
 
 def _difference(a: dict, b: dict) -> dict:
     """Per-seed ``b - a`` of two settings' gaps (the same seeds)."""
-    return stats([None if x is None or y is None else y - x for x, y in zip(a["values"], b["values"])])
+    return S.sample([None if x is None or y is None else y - x for x, y in zip(a["values"], b["values"])])
 
 
 def recovery_text(rec: dict | None, unstable: str = " (gap not resolved)") -> str:
     """``74% [56, 94]``: a recovered share (ratio of means) and Fieller's set, mapped to percent."""
     if not rec or rec.get("ratio_of_means") is None:
         return "n/a"
-    return f"{rec['ratio_of_means']:.0f}% {_ci(rec, '.0f')}" + (unstable if rec.get("unstable") else "")
+    return f"{rec['ratio_of_means']:.0f}% {S.ci_text(rec, '.0f')}" + (unstable if rec.get("unstable") else "")
 
 
 def ablations(p: Preset, out: Path) -> dict:
@@ -99,8 +101,8 @@ def ablations(p: Preset, out: Path) -> dict:
             warmup.append({"optimizer": opt, "settings": {f"warmup-{default_warmup}": ref, name: var},
                            "gap_change": change})
             verdicts.append(
-                f"{opt}, warmup {default_warmup} -> {name[len('warmup-'):]}: gap {_fmt(ref['gap']['mean'])} -> "
-                f"{_fmt(var['gap']['mean'])} (change {_fmt(change['mean'])} {_ci(change)}, "
+                f"{opt}, warmup {default_warmup} -> {name[len('warmup-'):]}: gap {S.fmt(ref['gap']['mean'])} -> "
+                f"{S.fmt(var['gap']['mean'])} (change {S.fmt(change['mean'])} {S.ci_text(change)}, "
                 + ("resolved" if _sign(change) else "not resolved") + f"); EF recovers "
                 f"{recovery_text(ref.get('recovered'))} -> {recovery_text(var.get('recovered'))}.")
         for name in [n for n in groups if n.startswith("length-")]:
@@ -119,8 +121,8 @@ def ablations(p: Preset, out: Path) -> dict:
             length.append({"optimizer": opt, "settings": {"length-1x": ref, name: var}, "gap_change": change,
                            "overhead_vs_1x_sync": cross})
             verdicts.append(
-                f"{opt}, length 1x -> {name[len('length-'):]}: gap {_fmt(ref['gap']['mean'])} -> "
-                f"{_fmt(var['gap']['mean'])} (change {_fmt(change['mean'])} {_ci(change)}, "
+                f"{opt}, length 1x -> {name[len('length-'):]}: gap {S.fmt(ref['gap']['mean'])} -> "
+                f"{S.fmt(var['gap']['mean'])} (change {S.fmt(change['mean'])} {S.ci_text(change)}, "
                 + ("resolved" if _sign(change) else "not resolved") + "); EF recovers "
                 f"{recovery_text(ref.get('recovered'))} -> {recovery_text(var.get('recovered'))}; tokens the "
                 f"{name[len('length-'):]} delayed run needs to reach the 1x sync run's final loss: "
@@ -138,8 +140,8 @@ def ablations(p: Preset, out: Path) -> dict:
                 f"{'adaptive' if r['lambda'] is None else format(r['lambda'], 'g')}: "
                 f"{recovery_text(r['recovered'])}" for r in dc_rows) + ".")
     parts = [f"warmup {len(warmup)}", f"length {len(length)}", f"DC-ASGD {len(dc)}"]
-    heads = [f"{r['optimizer']} gap change: warmup {_fmt(r['gap_change']['mean'])} {_ci(r['gap_change'])}"
-             for r in warmup] + [f"{r['optimizer']} length {_fmt(r['gap_change']['mean'])} {_ci(r['gap_change'])}, "
+    heads = [f"{r['optimizer']} gap change: warmup {S.fmt(r['gap_change']['mean'])} {S.ci_text(r['gap_change'])}"
+             for r in warmup] + [f"{r['optimizer']} length {S.fmt(r['gap_change']['mean'])} {S.ci_text(r['gap_change'])}, "
                                  f"iso-loss overhead vs 1x sync {metrics.fmt_overhead(r['overhead_vs_1x_sync'].get('delayed'))}"
                                  for r in length]
     best_dc = {}
@@ -264,9 +266,9 @@ def scale(p: Preset, out: Path) -> dict:
                                        "change": ch, "direction": direction, "paper": target}
             spec = ".0f" if key.endswith("_ef") else ".3g" if key == "gap_ratio" else "+.3f"
             verdicts.append(f"{size}, {label} against tokens per parameter: " + ", ".join(
-                f"{e['tokens_per_param']:g}: {_fmt(v['value'], spec)} {_ci(v, spec)}" for e, v in zip(mine, vals))
+                f"{e['tokens_per_param']:g}: {S.fmt(v['value'], spec)} {S.ci_text(v, spec)}" for e, v in zip(mine, vals))
                 + f"; from {mine[0]['tokens_per_param']:g} to {mine[-1]['tokens_per_param']:g} tokens/param: "
-                + (f"change {_fmt(ch['delta'], spec)} {_ci(ch, spec)}, " if ch["ci"] else "")
+                + (f"change {S.fmt(ch['delta'], spec)} {S.ci_text(ch, spec)}, " if ch["ci"] else "")
                 + f"{direction} (paper at 20 tokens/param: {_paper_text(target)}).")
     sizes = {}
     for ratio in s.ratios:
@@ -281,12 +283,12 @@ def scale(p: Preset, out: Path) -> dict:
                                          "change": ch}
             spec = ".0f" if key.endswith("_ef") else ".3g" if key == "gap_ratio" else "+.3f"
             verdicts.append(f"{ratio:g} tokens/param, {label} against model size: " + ", ".join(
-                f"{e['size']} ({e['params'] / 1e6:.2f}M) {_fmt(v['value'], spec)} {_ci(v, spec)}"
+                f"{e['size']} ({e['params'] / 1e6:.2f}M) {S.fmt(v['value'], spec)} {S.ci_text(v, spec)}"
                 for e, v in zip(here, vals)) + "; " + ("no resolved change" if ch["sign"] == 0 else
                                                       "grows" if ch["sign"] > 0 else "shrinks") + " with size.")
     headline = "; ".join(
         f"{e['size']} {e['tokens_per_param']:g} tok/param: " + ", ".join(
-            f"{o} {_fmt(st['gap']['mean'])} {_ci(st['gap'])}" for o, st in e["optimizers"].items()) for e in table)
+            f"{o} {S.fmt(st['gap']['mean'])} {S.ci_text(st['gap'])}" for o, st in e["optimizers"].items()) for e in table)
     setup = (f"{', '.join(f'{size} at ' + ', '.join(f'{r:g}' for r in s.ratios if (size, r) in points) for size in s.sizes)} "
              f"tokens per parameter; batch " + ", ".join(f"{k} {v}" for k, v in s.batch_size.items())
              + f" x {s.block_size} tokens; {s.seeds} seeds"

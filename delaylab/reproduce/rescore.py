@@ -87,7 +87,7 @@ def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
         for v in part["verdicts"]:
             if v.get("score"):
                 v["score"] = V.rescore(v["score"])
-                v.update(F.verdict(v["kind"], v["claim"], v["predicted"], v["measured"], v["score"]))
+                v.update(V.verdict(v["kind"], v["claim"], v["predicted"], v["measured"], v["score"]))
         for n in part.get("theory_numbers", []):
             if n.get("score"):
                 n["score"] = V.rescore(n["score"])
@@ -100,7 +100,7 @@ def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
             from delaylab.reproduce.delays import setup_text
 
             part["setup"] = setup_text(p)
-        part.update(F.part_states(part["verdicts"], part.get("theory_numbers", [])))
+        part.update(V.part_states(part["verdicts"], part.get("theory_numbers", [])))
         after = _scored(part)
         for claim in list(before) + [c for c in after if c not in before]:
             (old, _), (new, sc) = before.get(claim, (None, None)), after.get(claim, (None, None))
@@ -120,14 +120,14 @@ def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
 def rescore_folder(folder: Path) -> list[dict]:
     """Re-score ``folder``'s report.json in place, rewrite report.md; return the changes."""
     from delaylab._io import write_json
-    from delaylab.reproduce import report
+    from delaylab.reproduce.markdown import markdown
     from delaylab.reproduce.presets import get_preset
 
     folder = Path(folder)
     rep = json.loads((folder / "report.json").read_text())
     new, changes = rescore(get_preset(rep["preset"]), rep, _runs(folder))
     write_json(folder / "report.json", new)
-    (folder / "report.md").write_text(report.markdown(new))
+    (folder / "report.md").write_text(markdown(new))
     return changes
 
 

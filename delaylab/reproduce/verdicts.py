@@ -134,3 +134,44 @@ def protocol_issues(optimizer: str, momentum, steps: int, warmup: int | None) ->
     if after < need:
         out.append(f"{optimizer} momentum {beta:g} needs {need:.0f} updates after warmup, has {after}")
     return out
+
+
+# -- verdict rows: what a report part stores per claim -----------------------------------------------
+
+
+def verdict(kind: str, claim: str, predicted: str, measured: str, sc: dict | None = None, line: str = "") -> dict:
+    """A verdict line: scored (``sc`` from :func:`delaylab.reproduce.verdicts.score`) or a note."""
+    state = None if sc is None else sc["state"]
+    if not line:
+        line = f"{claim}: {measured}"
+        if sc is not None:
+            reason = why(sc)
+            line += f" -> {state}" + (f" ({reason})" if reason else "")
+    return {"claim": claim, "predicted": predicted, "measured": measured, "kind": kind, "state": state,
+            "score": sc, "line": line}
+
+
+def part_states(verdicts: list[dict], numbers: list[dict]) -> dict:
+    """The one aggregation: "reproduced" over the paper's scored verdicts, "theory agrees" over
+    the theory's scored numbers ("qualitative" where the theory gives none to score)."""
+    paper = [v["state"] for v in verdicts if v["kind"] == "paper"]
+    theory = [n["state"] for n in numbers if n.get("state") is not None]
+    return {"reproduced": aggregate(paper), "reproduced_counts": counts(paper),
+            "theory_agrees": aggregate(theory) if theory else ("qualitative" if numbers else "n.a."),
+            "theory_counts": counts(theory)}
+
+
+def theory_number(quantity: str, predicted: float | None, measured: float | None, interval, source: str, *,
+                  null: float, unit: str = "x", censored: bool = False, issues=(), set_=None) -> dict:
+    """One scored row of the theory column: the theory's number against the measured interval."""
+    sc = score(quantity, interval, predicted, null, censored=censored, issues=issues, measured=measured)
+    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": interval,
+            "set": set_, "unit": unit, "source": source, "state": sc["state"], "score": sc, "note": ""}
+
+
+def qualitative(quantity: str, what: str, note: str = "qualitative", measured=None, ci=None, set_=None,
+                predicted=None) -> dict:
+    """A theory-column row that is shown and not scored: a direction without a number
+    (``qualitative``) or a number derived beside the theory (``sketch``)."""
+    return {"quantity": quantity, "predicted": predicted, "measured": measured, "ci": ci, "set": set_, "unit": "",
+            "source": what, "state": None, "score": None, "note": note}

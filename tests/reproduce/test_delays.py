@@ -10,7 +10,7 @@ import pytest
 from delaylab.errors import ConfigError
 from delaylab.reproduce import PRESETS, plan, reproduce
 from delaylab.reproduce.presets import DelayGrid, DelaySetting
-from delaylab.reproduce.report import markdown
+from delaylab.reproduce.markdown import markdown
 from delaylab.reproduce.verdicts import STATES, aggregate
 
 import recompute

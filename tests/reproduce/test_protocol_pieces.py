@@ -8,7 +8,7 @@ import pytest
 from delaylab.errors import ConfigError
 from delaylab.llm import metrics
 from delaylab.reproduce import PRESETS, plan, predict
-from delaylab.reproduce.presets import check_protocol
+from delaylab.reproduce.plan import check_protocol
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -118,3 +118,14 @@ def test_theorem_1_lr_shift_is_the_closed_form(beta):
     """eta* ~ 1/sqrt(sum of the eta-linear coefficients): L/2 + 2 L beta^2/(1-beta) (Nesterov), + 2 L tau."""
     c = 0.5 + 2 * beta**2 / (1 - beta)
     assert math.isclose(predict.lmo_lr_shift(beta, True, 1, T=1e12), math.sqrt(c / (c + 2)), rel_tol=1e-6)
+
+
+def test_loading_a_preset_builds_no_model_and_imports_no_planner():
+    """presets.py is data: the protocol check (which counts a GPT's parameters) lives in plan.py."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from delaylab.reproduce.presets import get_preset; get_preset('cpu-tokens'); "
+            "print(sorted(m for m in ('delaylab.reproduce.plan', 'delaylab.llm.model', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

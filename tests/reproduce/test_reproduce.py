@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from delaylab.reproduce import reproduce
-from delaylab.reproduce.report import markdown
+from delaylab.reproduce.markdown import markdown
 from delaylab.reproduce.verdicts import STATES, SUMMARIES, aggregate, state
 
 PNG = b"\x89PNG\r\n\x1a\n"

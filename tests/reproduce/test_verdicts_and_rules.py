@@ -177,7 +177,7 @@ def test_an_lr_dependent_claim_is_undetermined_whatever_its_interval():
 
 
 def test_t_coverage_at_skew_is_exact_under_normality_and_loses_one_side_at_skew_2():
-    from delaylab.reproduce.findings import t_coverage_at_skew
+    from delaylab.reproduce.stats import t_coverage_at_skew
 
     normal = t_coverage_at_skew(0.0, 5, reps=40000)
     se = (0.95 * 0.05 / 40000) ** 0.5
@@ -191,7 +191,7 @@ def test_t_coverage_at_skew_is_exact_under_normality_and_loses_one_side_at_skew_
 def test_skewness_check_null_sd_matches_normal_draws_and_flags_a_skewed_optimizer():
     import numpy as np
 
-    from delaylab.reproduce.findings import skewness_check
+    from delaylab.reproduce.stats import skewness_check
 
     rng = np.random.default_rng(1)
 
