@@ -56,6 +56,13 @@ class StageExecutor:
     ``seed_for(n)``, if given, seeds torch's RNG before forward ``n`` (dropout), so the
     masks depend on the microbatch and stage only and a resumed run draws the same ones.
     ``events`` (the stage's timeline) covers the first ``record_updates`` updates' actions.
+    ``sync_timing`` (CUDA): ``"step"`` fences the device once per update, at the end of its ``U``
+    event, so the time per batch (update end to update end) is the device's while the host keeps
+    queueing work ahead within a step; the ``F``/``B`` times are then the host's (when the work
+    was queued), so a stage's idle fraction is not measured. ``"action"`` fences before and
+    after every action (three host syncs each: per-action costs for the cost model, at the price
+    of a pessimistic time per batch); ``False`` never (the CPU, where the host's clock is the
+    compute's).
     """
 
     def __init__(
@@ -70,7 +77,7 @@ class StageExecutor:
         amp=None,
         on_update: Callable[["StageExecutor", int, float | None], None] | None = None,
         seed_for: Callable[[int], int] | None = None,
-        sync_timing: bool = False,
+        sync_timing: str | bool = False,
         record_updates: int = 100,
         tied_group=None,
         dp_group=None,
@@ -88,6 +95,8 @@ class StageExecutor:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda)
         self.batch, self.amp, self.on_update, self.seed_for = batch, amp, on_update, seed_for
         self.sync_timing, self.record_updates = sync_timing, record_updates
+        if sync_timing not in (False, "step", "action"):
+            raise ConfigError(f"sync_timing is False, 'step' or 'action', got {sync_timing!r}")
         self.events: list[Event] = []
         self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._loss_sum: dict[int, torch.Tensor] = {}
@@ -109,17 +118,19 @@ class StageExecutor:
         a = next(acts)
         pending = self.p2p.post(None, _recv_of(a))
         record_until = self.schedule.start + self.record_updates
+        each = self.sync_timing == "action"
         while a is not None:
-            ready = self._clock()
+            ready = self._clock(each)
             received = self.p2p.wait(pending) if pending is not None else None
-            start = self._clock()
+            start = self._clock(each)
             with overflow_is_divergence(str(a)):
                 out = self._compute(a, received)
             nxt = next(acts, None)
             send = (out, a.send, a.op, a.n) if a.send is not None else None
             pending = self.p2p.post(send, _recv_of(nxt) if nxt is not None else None)
             if (a.n if a.op == "U" else self.schedule.group(a.n)) < record_until:
-                self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock()))
+                # "step": one fence per update, at its end, where the time per batch is read
+                self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock(each or a.op == "U")))
             a = nxt
         self.p2p.flush()
 
@@ -310,8 +321,9 @@ class StageExecutor:
 
         return self.amp() if self.amp is not None else contextlib.nullcontext()
 
-    def _clock(self) -> float:
-        if self.sync_timing:
+    def _clock(self, fence: bool = False) -> float:
+        """The host's clock; with ``fence`` (and a ``sync_timing``) after the device's queue has drained."""
+        if fence and self.sync_timing:
             torch.cuda.synchronize()
         return time.perf_counter()
 
@@ -347,7 +359,7 @@ class TorchScheduleExecutor(StageExecutor):
         for b in sch.updates():
             if self.gate is not None and not self.gate(b):  # a stop request: every stage stops before b
                 break
-            t0 = self._clock()
+            t0 = self._clock()  # unfenced: the previous step's end was, so the device is idle here
             data = [self.batch(n) for n in range(b * M, (b + 1) * M)] if st.first or st.last else None
             with self._amp():
                 if st.first and st.last:
@@ -365,4 +377,4 @@ class TorchScheduleExecutor(StageExecutor):
                     runner.step()
             self._update(b)
             if b < sch.start + self.record_updates:
-                self.events.append(Event(self.index, "U", b, t0, t0, self._clock()))
+                self.events.append(Event(self.index, "U", b, t0, t0, self._clock(fence=True)))

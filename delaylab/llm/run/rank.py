@@ -148,7 +148,7 @@ def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update, gate=No
         batch=lambda n: setup.rows(*setup.data.batch(n, d.batch_size, block, seed)),  # (seed, n) alone
         amp=lambda: autocast(device), on_update=on_update,
         seed_for=(lambda n: seed * 1_000_003 + n * 7919 + rank) if setup.model_cfg.dropout > 0 else None,
-        sync_timing=device.type == "cuda",
+        sync_timing="step" if device.type == "cuda" else False,  # one fence per update (issue 39)
         # The tied matrix lives on the first and the last stage; their gradients meet before each
         # update (Megatron-LM's embedding group), in a group per replica.
         tied_group=mesh.tied_group if stage.first or stage.last else None,
