@@ -37,7 +37,7 @@ from torch import nn
 
 from delaylab.llm.distributed.world import all_reduce, mean
 from delaylab.llm.distributed.wrap import GradientAverage
-from delaylab.llm.model import lm_loss
+from delaylab.llm.model import eager_blocks, lm_loss
 from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
@@ -88,6 +88,7 @@ class StageExecutor:
         self.index = stage.index
         self.tau = schedule.delay(self.index)
         self.slots: list[Stage] = [stage] + [copy.deepcopy(stage) for _ in range(self.tau)]
+        self._dtype = next(stage.parameters()).dtype  # what the stage computes in (messages may be narrower)
         home = self.slots[schedule.start % len(self.slots)]  # holds V_start
         self.opt = make_optimizer(home, self.tau)
         names = {id(p): name for name, p in home.named_parameters()}
@@ -159,7 +160,9 @@ class StageExecutor:
     def _forward(self, a: Action, received):
         slot = self.slots[a.version % len(self.slots)]
         data = self.batch(a.n) if self.stage.first or self.stage.last else None
-        x = data[0] if self.stage.first else received.requires_grad_(True)
+        # A message on a narrower wire (bf16 under autocast) continues in the stage's own dtype:
+        # the residual stream stays float32 as in one process (a no-op when the two agree).
+        x = data[0] if self.stage.first else received.to(self._dtype).requires_grad_(True)
         if self.seed_for is not None:
             torch.manual_seed(self.seed_for(a.n))
         with self._amp(), self._measuring(slot):
@@ -190,7 +193,7 @@ class StageExecutor:
             out.backward()
         else:
             out.backward(received.to(out.dtype))
-        return x.grad if a.send is not None else None
+        return x.grad.to(self.p2p.dtype) if a.send is not None else None
 
     def _group_loss(self, k: int) -> float:
         """Group ``k``'s mean loss (last stage), over the full microbatches: averaged over replicas."""
@@ -281,8 +284,8 @@ class StageExecutor:
         model.eval()
         losses = []
         for i, (x, y) in enumerate(batches):
-            h = x if self.stage.first else self.p2p.wait(self.p2p.post(None, (s - 1, "F", -1 - i)))
-            with self._amp():
+            h = x if self.stage.first else self.p2p.wait(self.p2p.post(None, (s - 1, "F", -1 - i))).to(self._dtype)
+            with self._amp(), eager_blocks(model):  # no second compilation under --compile
                 out = model(h)
                 if last:
                     losses.append(lm_loss(out, y).item())
