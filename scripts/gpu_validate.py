@@ -678,6 +678,7 @@ def _run_phases(out: Path, work: Path, dry: bool, gpus: int, phases: list[str], 
             limit = limit if left is None else min(limit, left)
             entry["limit"] = round(limit, 1)
             record["phases"][phase] = {**entry, "status": "running"}
+            _write_record(out, record)  # before the phase starts: a driver killed from here on leaves it named
 
             def started(pid, entry=record["phases"][phase]):
                 entry["pid"] = pid  # the phase's process group too: what a test of a kill looks for
