@@ -200,3 +200,17 @@ def test_the_generated_corpus_trains(tmp_path):
     s = train(Config.from_dict(data=str(tmp_path / "corpus"), preset="tiny", batch_size=8, block_size=32, steps=60,
                                lr=3e-3, eval_every=60, eval_batches=2, ckpt_every=0, threads=1, progress=False))
     assert s["val_loss"] < 3.0 < 5.55  # well under a uniform byte's log(256) = 5.55: there is structure to learn
+
+
+def test_the_whole_run_ends_with_its_timeout_and_its_phase_with_it(tmp_path):
+    """gpu_validate.sh runs the driver under `timeout` (TIMEOUT, or the budget + 30 s): at the end the
+    driver gets SIGTERM, kills the running phase's group and records the stop; exit 124."""
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_validate.sh"), "--phases", "env,smoke", str(out)],
+                          env={**_env(tmp_path), "TIMEOUT": "12"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-3000:]
+    phases = json.loads((out / "record.json").read_text())["phases"]
+    assert phases["env"]["status"] == "ok"
+    assert phases["smoke"]["status"] == "stopped: the driver was stopped (SystemExit)"  # smoke takes > 12 s
+    assert _gone(phases["smoke"]["pid"], 2) == []
+    assert sorted(p.name for p in out.iterdir()) == RECORD
