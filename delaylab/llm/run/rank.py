@@ -30,7 +30,7 @@ from delaylab.llm.config import Config, lr_factor
 from delaylab.llm.distributed.launch import launch
 from delaylab.llm.distributed.preempt import StopGate, preemptible
 from delaylab.llm.run.folder import TrainFolder, summary_base
-from delaylab.llm.model import autocast, compile_blocks
+from delaylab.llm.model import autocast, autocast_dtype, compile_blocks
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
 from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Schedule
@@ -136,6 +136,15 @@ class _AfterUpdate:
         self.saved = step
 
 
+def wire_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """The dtype of the activations and gradients between stages: under bf16 autocast (CUDA, a
+    float32 model) bf16, what the products that make them compute in, at half float32's bytes;
+    the receiving stage computes on in the model's dtype. Otherwise the model's dtype (on the CPU
+    the pipeline then equals the simulator bit for bit)."""
+    amp = autocast_dtype(device)
+    return amp if amp is not None and cfg.torch_dtype() == torch.float32 else cfg.torch_dtype()
+
+
 def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update, gate=None) -> StageExecutor:
     cfg, mesh, device, d = setup.cfg, setup.mesh, setup.device, setup.cfg.data
     block, seed, rank = setup.model_cfg.block_size, cfg.run.seed, mesh.rank
@@ -143,12 +152,13 @@ def _executor(setup: Setup, stage: Stage, schedule: Schedule, on_update, gate=No
     torch_runtime = cfg.parallel.schedule.startswith("torch-")
     extra = {"torch_schedule": cfg.parallel.schedule} if torch_runtime else {}
     return (TorchScheduleExecutor if torch_runtime else StageExecutor)(
-        stage, schedule, P2P(shape, cfg.torch_dtype(), device, group=mesh.pp_group, ranks=mesh.stage_ranks), **extra,
+        stage, schedule, P2P(shape, wire_dtype(cfg, device), device, group=mesh.pp_group, ranks=mesh.stage_ranks),
+        **extra,
         make_optimizer=optimizer_factory(cfg), lr_lambda=lambda k: lr_factor(k, cfg),
         batch=lambda n: setup.rows(*setup.data.batch(n, d.batch_size, block, seed)),  # (seed, n) alone
         amp=lambda: autocast(device), on_update=on_update,
         seed_for=(lambda n: seed * 1_000_003 + n * 7919 + rank) if setup.model_cfg.dropout > 0 else None,
-        sync_timing=device.type == "cuda",
+        sync_timing="step" if device.type == "cuda" else False,  # one fence per update (issue 39)
         # The tied matrix lives on the first and the last stage; their gradients meet before each
         # update (Megatron-LM's embedding group), in a group per replica.
         tied_group=mesh.tied_group if stage.first or stage.last else None,

@@ -35,7 +35,7 @@ from delaylab.llm.distributed.wrap import gradient_sync, wrap
 from delaylab.llm.checkpoint import rng_state, set_rng_state
 from delaylab.llm.run.folder import summary_base
 from delaylab.llm import mfu
-from delaylab.llm.model import autocast, compile_blocks, moe_load
+from delaylab.llm.model import autocast, compile_blocks, eager_blocks, moe_load
 from delaylab.llm.run.setup import (Setup, build_delayed_optimizer, check_folder, checkpoint_at, load_data, logs_at,
                                     open_run)
 
@@ -198,7 +198,7 @@ class Trainer:
         self.model.eval()
         losses = []
         for x, y in self.val:
-            with autocast(self.device):
+            with autocast(self.device), eager_blocks(self.model):  # no second compilation (issue 39)
                 losses.append(self.net(*self.setup.rows(x, y))[1])
         self.model.train()
         losses = torch.stack(losses).tolist()  # one host sync for all batches
