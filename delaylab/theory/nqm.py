@@ -93,6 +93,8 @@ def lr_factors(steps: int, schedule: str = "cosine", warmup: int | None = None, 
         raise ConfigError(f"unknown lr schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     if int(steps) != steps or steps < 1:
         raise ConfigError(f"steps must be an integer >= 1, got {steps}")
+    if not (0.0 <= min_lr_ratio <= 1.0) or not (0.0 < wsd_decay <= 1.0):
+        raise ConfigError(f"min_lr_ratio must be in [0, 1] and wsd_decay in (0, 1], got {min_lr_ratio}, {wsd_decay}")
     warmup = steps // 20 if warmup is None else int(warmup)
     if not 0 <= warmup <= steps:
         raise ConfigError(f"warmup must be in [0, steps], got {warmup}")
@@ -408,3 +410,137 @@ def _simulate(spec, method, lrs, batch, R, rng, shape, eps, beta2, nesterov):
         u_prev = u
         out[:, t + 1] = 0.5 * (x * x * h * w).sum(1)
     return out
+
+
+# ----------------------------------------------------------------------------- fitted to a run
+
+CORRECTIONS = ("none", "ef", "predict", "ef+predict", "damp")
+OPTIMIZERS = {  # optimizer -> (how the NQM models it, its default momentum)
+    "adamw": ("adam", 0.9), "soap": ("adam", 0.95), "adan": ("adam", 0.98), "mars": ("adam", 0.95),
+    "muon": ("muon", 0.95), "lion": ("sign", 0.9), "sgd": ("heavyball", 0.9),
+}
+
+
+def nodes_from_spectrum(spectrum: dict, kind: str = "hessian", checkpoint: int = -1,
+                        excess0: float | None = None) -> Spectrum:
+    """The NQM's nodes from one checkpoint of a spectrum file (``delaylab llm spectrum``).
+
+    Curvatures: the SLQ nodes, negative ones dropped (a quadratic model has no use for them; the
+    file says how much mass they carry). Noise: per-example c_i = kappa h_i with kappa = noise
+    trace / positive trace (the NQM's assumption that the noise covariance is aligned with the
+    Hessian, Zhang et al. 2019). Start: E[x_0^2] alike in every direction, scaled so that the
+    starting excess loss is ``excess0`` (default: the loss at initialization minus the
+    checkpoint's loss, the distance the run travelled)."""
+    cks = spectrum["checkpoints"]
+    try:
+        ck = cks[checkpoint]
+    except IndexError:
+        raise ConfigError(f"the spectrum file has {len(cks)} checkpoints; no index {checkpoint}") from None
+    if kind not in ck:
+        raise ConfigError(f"the spectrum file has no {kind!r} density (a preconditioned one is measured for AdamW)")
+    h, w = np.asarray(ck[kind]["nodes"], float), np.asarray(ck[kind]["weights"], float)
+    keep = h > 0
+    h, w = h[keep], w[keep]
+    trace = float(np.sum(w * h))
+    noise = ck["noise_trace_precond"] if kind == "precond" else ck["noise_trace"]
+    if excess0 is None:
+        excess0 = spectrum.get("init_val_loss", ck["val_loss"]) - ck["val_loss"]
+    if not (trace > 0 and noise >= 0 and excess0 >= 0):
+        raise ConfigError("the spectrum has no positive curvature, or a negative noise / starting loss")
+    return Spectrum(h=h, w=w, c=noise / trace * h, x0sq=2 * excess0 / trace)
+
+
+def _matrix_nodes(spec: Spectrum, side: int) -> tuple[Spectrum, float]:
+    """side x side directions at the quantiles of the density (for Muon's matrix), and the loss
+    scale (directions represented / side^2)."""
+    o = np.argsort(spec.h)
+    cum = np.cumsum(spec.w[o]) / spec.w.sum()
+    q = (np.arange(side * side) + 0.5) / (side * side)
+    idx = o[np.minimum(np.searchsorted(cum, q), o.size - 1)]
+    rng = np.random.default_rng(0)
+    idx = idx[rng.permutation(idx.size)]  # no curvature ordering along rows: a generic basis
+    return Spectrum(h=spec.h[idx], c=spec.c[idx], x0sq=spec.x0sq[idx]), spec.w.sum() / (side * side)
+
+
+def run_method(optimizer: str, delay, correction: str = "none", momentum: float | None = None,
+               damping: float = 1.0, sync_start: int = 0, sync_cooldown: int = 0) -> tuple[Method, str]:
+    """The NQM method for a run's optimizer / delay / correction, and the model it uses."""
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"no NQM model of optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+    if correction not in CORRECTIONS:
+        raise ConfigError(f"the NQM models corrections {', '.join(CORRECTIONS)}; got {correction!r}")
+    kind, beta = OPTIMIZERS[optimizer]
+    beta = beta if momentum is None else momentum
+    ef = "ef" in correction.split("+")
+    m = Method("ema" if kind == "adam" else kind, beta, delay, predict="predict" in correction,
+               damping=damping if correction == "damp" else 0.0)
+    if ef:
+        m.ef = m.tau_mean
+    return m, kind
+
+
+def _curve(spec, method, lrs, batch, model, runs, seed, side, stages):
+    """Expected loss curve (and its MC standard error, 0 for the exact recursion); per-stage
+    delays average the stages' curves (each stage holds 1/P of every direction: the stages'
+    Hessian blocks taken as alike and uncoupled)."""
+    curves, ses = [], []
+    for tau in stages:
+        m = Method(method.name, method.beta, tau, ef=(tau if method.ef is not None else None),
+                   predict=method.predict, damping=method.damping) if stages != [None] else method
+        if model == "exact":
+            curves.append(expected_loss(spec, m, lrs, batch))
+            ses.append(np.zeros(lrs.size + 1))
+        elif model == "muon":
+            mspec, scale = _matrix_nodes(spec, side)
+            mean, se = monte_carlo(mspec, m, lrs, batch, runs=runs, seed=seed, shape=(side, side), nesterov=True)
+            curves.append(mean * scale)
+            ses.append(se * scale)
+        else:
+            mean, se = monte_carlo(spec, m, lrs, batch, runs=runs, seed=seed,
+                                   beta2=0.95 if model == "adamw" else 0.999)
+            curves.append(mean)
+            ses.append(se)
+    return np.mean(curves, 0), np.sqrt(np.sum(np.square(ses), 0)) / len(ses)
+
+
+def predict_gap(spectrum: dict, optimizer: str, lr: float, steps: int, batch: int, delay=1, correction: str = "none",
+                momentum: float | None = None, schedule: str = "cosine", warmup: int | None = None,
+                min_lr_ratio: float = 0.1, wsd_decay: float = 0.2, model: str | None = None, runs: int = 2000,
+                seed: int = 0, checkpoint: int = -1, excess0: float | None = None, damping: float = 1.0) -> dict:
+    """Sync and delayed NQM loss curves of a run and their gap, fitted to a spectrum file.
+
+    ``delay``: an int, a list (one per pipeline stage: PipeDream) or a dict {tau: prob}.
+    ``model``: ``exact`` (the recursion: AdamW & co. through the fixed diagonal preconditioner,
+    on the preconditioned density), ``adamw`` / ``sign`` (Monte Carlo of the real update on the
+    raw density, axis-aligned), ``muon`` (Monte Carlo on a d_model x d_model matrix); default by
+    optimizer. Returns the curves, the end gap and whether either curve diverged."""
+    kind_default = OPTIMIZERS.get(optimizer, (None,))[0]
+    model = model or {"adam": "exact", "heavyball": "exact", "muon": "muon", "sign": "sign"}.get(kind_default)
+    if model not in ("exact", "adamw", "sign", "muon"):
+        raise ConfigError(f"model must be exact, adamw, sign or muon, got {model!r}")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"lr must be > 0, got {lr}")
+    stages = [None]
+    if isinstance(delay, (list, tuple)):
+        stages, delay = [int(t) for t in delay], max(int(t) for t in delay)
+    method, kind = run_method(optimizer, delay, correction, momentum, damping)
+    if model == "exact" and kind not in ("adam", "heavyball"):
+        raise ConfigError(f"{optimizer} is not linear: use model {'muon' if kind == 'muon' else 'sign'} (Monte Carlo)")
+    density = "precond" if (model == "exact" and kind == "adam") else "hessian"
+    spec = nodes_from_spectrum(spectrum, density, checkpoint, excess0)
+    if model != "exact":
+        method.name = {"adamw": "adamw", "sign": "sign", "muon": "muon"}[model]
+    lrs = lr * lr_factors(steps, schedule, warmup, min_lr_ratio, wsd_decay)
+    side = int(spectrum.get("d_model", 64))
+    sync_m = Method(method.name, method.beta, 0)
+    sync, sync_se = _curve(spec, sync_m, lrs, batch, "exact" if model == "exact" else model, runs, seed, side, [None])
+    dly, dly_se = _curve(spec, method, lrs, batch, "exact" if model == "exact" else model, runs, seed + 1, side, stages)
+    start = float(sync[0])
+    div = {"sync": diverged(sync, start), "delayed": diverged(dly, start)}
+    gap = dly - sync
+    return {"optimizer": optimizer, "model": model, "density": density, "lr": lr, "steps": steps, "batch": batch,
+            "delay": stages if stages != [None] else method.delays if len(method.delays) > 1 else delay,
+            "correction": correction, "momentum": method.beta, "schedule": schedule,
+            "sync": sync, "delayed": dly, "gap": gap, "se": np.sqrt(sync_se ** 2 + dly_se ** 2),
+            "end_gap": None if (div["sync"] or div["delayed"]) else float(gap[-1]), "diverged": div,
+            "start_loss": start}

@@ -115,3 +115,26 @@ def test_nonlinear_monte_carlo_runs():
 def test_bad_input(kw):
     with pytest.raises(ConfigError):
         nqm.Method(**kw)
+
+
+def test_slq_on_a_planted_spectrum():
+    """SLQ from matvecs against the eigenvalues planted in a random basis: the top one to 1e-9,
+    the trace to 15%, the NQM loss computed from its nodes to 5% of the exact one."""
+    from delaylab.theory.slq import slq
+
+    rng = np.random.default_rng(0)
+    n = 600
+    eig = np.concatenate([np.geomspace(1e-4, 1, n - 6), np.geomspace(2, 50, 6)])  # bulk + outliers
+    Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = (Q * eig) @ Q.T
+    nodes, w = slq(lambda v: A @ v, n, probes=4, steps=40)
+    assert w.sum() == pytest.approx(n)
+    assert nodes.max() == pytest.approx(50.0, rel=1e-9)
+    assert (w * nodes).sum() == pytest.approx(eig.sum(), rel=0.15)
+    lrs = 0.02 * nqm.lr_factors(300, "cosine")
+
+    def loss(h, wt):
+        return nqm.expected_loss(nqm.Spectrum(h=h.clip(0), w=wt, c=0.05 * h.clip(0), x0sq=1.0),
+                                 nqm.Method("ema", 0.9, 1), lrs, batch=16)[-1]
+
+    assert loss(nodes, w) == pytest.approx(loss(eig, np.ones(n)), rel=0.05)
