@@ -130,6 +130,8 @@ class Method:
     predict: bool = False
     damping: float = 0.0
     weight_decay: float = 0.0
+    sync_start: int = 0
+    sync_cooldown: int = 0
     delays: dict = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -153,6 +155,23 @@ class Method:
             raise ConfigError(f"EF lag must be >= 0, got {self.ef}")
         if not self.damping >= 0 or not self.weight_decay >= 0:
             raise ConfigError("damping and weight decay must be >= 0")
+        if self.sync_start < 0 or self.sync_cooldown < 0:
+            raise ConfigError("sync_start and sync_cooldown must be >= 0")
+
+    def phases(self, steps: int) -> list[tuple[bool, bool]]:
+        """(delayed phase, updates) per call: the queue's rules (delaylab.optim.queue): calls
+        ``k < sync_start`` and ``k >= steps - sync_cooldown`` are undelayed; entering a delayed
+        phase costs a fill of ``tau`` calls that make no update (fixed delays only)."""
+        out, start = [], None
+        for t in range(steps):
+            delayed = self.tau_max > 0 and self.sync_start <= t < steps - self.sync_cooldown
+            if delayed and start is None:
+                start = t
+            if not delayed:
+                start = None
+            fill = delayed and len(self.delays) == 1 and t - start < self.tau_max
+            out.append((delayed, not fill))
+        return out
 
     @property
     def tau_max(self) -> int:
@@ -171,18 +190,24 @@ class Method:
         return 0.0 if self.ef is None else float(self.ef)
 
 
-def _transitions(spec: Spectrum, method: Method, lr_prev: float, lr: float, updating: bool):
+def _damp(method: Method, delayed: bool) -> float:
+    tau = method.tau_mean if delayed else 0.0
+    return 1.0 / (1.0 + method.damping * tau) if tau > 0 else 1.0
+
+
+def _transitions(spec: Spectrum, method: Method, lr_prev: float, lr: float, updating: bool, delayed: bool = True):
     """[(prob, A)] with A of shape (n, k, k), and b of shape (n, k), for one step (see module doc).
 
-    ``updating`` False: a fill call of the delay queue (push y_t only)."""
+    ``updating`` False: a fill call of the delay queue (push y_t only); ``delayed`` False: a
+    synchronous call (sync start / cooldown: no delay, no correction). ``lr_prev``: the
+    (damped) lr of the last update made, the one u_{t-1} = lr_prev p m_{t-1} was made with."""
     n, K = spec.h.size, method.tau_max
     k = K + 2
     iX, iM = 0, K + 1
     q = lambda j: j  # noqa: E731  queue slot of y_{t-j}, j = 1..K
-    tau_eff = method.tau_mean
-    damp = 1.0 / (1.0 + method.damping * tau_eff) if tau_eff > 0 else 1.0
+    tau_eff = method.tau_mean if delayed else 0.0
     p = spec.p if method.name == "adam" else np.ones(n)
-    a_prev, a = lr_prev * p * damp, lr * p * damp
+    a_prev, a = lr_prev * p, lr * p * _damp(method, delayed)
     kp = tau_eff if (method.predict and tau_eff > 0) else 0.0
     lag = method.lag if tau_eff > 0 else 0.0
     cg = method.grad_weight
@@ -190,7 +215,7 @@ def _transitions(spec: Spectrum, method: Method, lr_prev: float, lr: float, upda
     y[:, iX] = 1.0
     y[:, iM] -= kp * a_prev
     out = []
-    for tau, prob in method.delays.items():
+    for tau, prob in (method.delays.items() if delayed else [(0, 1.0)]):
         A = np.zeros((n, k, k))
         b = np.zeros((n, k))
         for j in range(K, 1, -1):  # the queue shifts: y_{t-j} <- y_{t-j+1}
@@ -238,13 +263,14 @@ def expected_loss(spec: Spectrum, method: Method, lrs, batch: int = 1, per_node:
     xsq = np.empty((lrs.size + 1, n))
     xsq[0] = S[:, 0, 0]
     noise = spec.c / batch
-    for t, lr in enumerate(lrs):
-        lr_prev = lrs[t - 1] if t > 0 else 0.0
-        updating = t >= method.tau_max if len(method.delays) == 1 else True
+    lr_prev = 0.0
+    for t, (lr, (delayed, updating)) in enumerate(zip(lrs, method.phases(lrs.size))):
         new = np.zeros_like(S)
-        for prob, A, b in _transitions(spec, method, lr_prev, lr, updating):
+        for prob, A, b in _transitions(spec, method, lr_prev, lr, updating, delayed):
             new += prob * (np.einsum("nij,njk,nlk->nil", A, S, A) + noise[:, None, None] * b[:, :, None] * b[:, None, :])
         S = new
+        if updating:
+            lr_prev = lr * _damp(method, delayed)
         xsq[t + 1] = S[:, 0, 0]
         if not np.all(np.isfinite(S[:, 0, 0])):
             xsq[t + 1:] = np.inf
@@ -266,7 +292,7 @@ def stationary_loss(spec: Spectrum, method: Method, lr: float, batch: int = 1) -
     _check_linear(method)
     if method.weight_decay:
         raise ConfigError("stationary_loss: weight decay moves the minimum; none here")
-    trans = _transitions(spec, method, lr, lr, True)
+    trans = _transitions(spec, method, lr * _damp(method, True), lr, True)
     n = spec.h.size
     xsq = np.empty(n)
     for i in range(n):
@@ -290,7 +316,7 @@ def spectral_radius(method: Method, eta_h: float) -> float:
     """Largest |eigenvalue| of the noiseless A at lr * h = eta_h (one node, constant lr)."""
     _check_linear(method)
     spec = Spectrum(h=[1.0], c=[0.0], x0sq=[1.0])
-    (_, A, _), = _transitions(spec, method, eta_h, eta_h, True)
+    (_, A, _), = _transitions(spec, method, eta_h * _damp(method, True), eta_h, True)
     return float(np.max(np.abs(np.linalg.eigvals(A[0]))))
 
 
@@ -364,9 +390,6 @@ def _simulate(spec, method, lrs, batch, R, rng, shape, eps, beta2, nesterov):
     tau_mean = method.tau_mean
     fixed = len(method.delays) == 1
     taus, probs = np.array(list(method.delays)), np.array(list(method.delays.values()))
-    damp = 1.0 / (1.0 + method.damping * tau_mean) if tau_mean > 0 else 1.0
-    kp = tau_mean if (method.predict and tau_mean > 0) else 0.0
-    lag = method.lag if tau_mean > 0 else 0.0
     p = spec.p if method.name == "adam" else 1.0
     cg = method.grad_weight
     K = method.tau_max
@@ -377,14 +400,20 @@ def _simulate(spec, method, lrs, batch, R, rng, shape, eps, beta2, nesterov):
     out = np.empty((R, lrs.size + 1))
     out[:, 0] = 0.5 * (x * x * h * w).sum(1)
     k_upd = 0
-    for t, lr in enumerate(lrs):
+    for t, (lr, (delayed, updating)) in enumerate(zip(lrs, method.phases(lrs.size))):
+        on = delayed and tau_mean > 0
+        damp = _damp(method, delayed)
+        kp = tau_mean if (method.predict and on) else 0.0
+        lag = method.lag if on else 0.0
         y = x - kp * u_prev  # the point this step's gradient is taken at
         queue = [y] + hist
-        if fixed and t < K:  # a fill call: push only
+        if not updating:  # a fill call: push only
             hist = queue[:K]
             out[:, t + 1] = out[:, t]
             continue
-        if fixed:
+        if not on:
+            src = y
+        elif fixed:
             src = queue[K]
         else:
             pick = rng.choice(taus, size=R, p=probs)

@@ -138,3 +138,15 @@ def test_slq_on_a_planted_spectrum():
                                  nqm.Method("ema", 0.9, 1), lrs, batch=16)[-1]
 
     assert loss(nodes, w) == pytest.approx(loss(eig, np.ones(n)), rel=0.05)
+
+
+@pytest.mark.parametrize("kw", [dict(sync_start=10), dict(sync_cooldown=8), dict(sync_start=5, sync_cooldown=5,
+                                                                                  damping=1.0, ef=2)])
+def test_sync_phases_recursion_matches_monte_carlo(kw):
+    m = nqm.Method("adam", 0.9, 2, **kw)
+    rec = nqm.expected_loss(SPEC, m, LRS, batch=4)
+    mc, se = nqm.monte_carlo(SPEC, m, LRS, batch=4, runs=20000, seed=5)
+    random = se > 0
+    assert (np.abs(mc[random] - rec[random]) / se[random]).max() < 4.0
+    assert not np.allclose(rec, nqm.expected_loss(SPEC, nqm.Method("adam", 0.9, 2, ef=kw.get("ef"),
+                                                                   damping=kw.get("damping", 0.0)), LRS, batch=4))
