@@ -135,8 +135,18 @@ def main(argv=None) -> int:
     ap.add_argument("--reports", default="docs/reproduce", help="folder of the committed reports")
     ap.add_argument("--out", default="docs/nqm", help="where the spectra are and the score goes")
     ap.add_argument("--limit", type=int, help="only the first N cells (a quick look)")
+    ap.add_argument("--resummarize", action="store_true", help="recount, table and figure from --out/score.json")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.resummarize:
+        old = json.loads((out / "score.json").read_text())
+        results, summary = old["cells"], summarize(old["cells"])
+        summary["seconds"] = old["summary"]["seconds"]
+        write_json(out / "score.json", {"summary": summary, "cells": results})
+        (out / "table.md").write_text(table(results, summary))
+        figure(results, out / "predicted_vs_measured.png")
+        print(dumps(summary, indent=1))
+        return 0
     spectra = {(p, f): json.loads((out / f"spectrum_{p}_{f}.json").read_text())
                for p in ("tiny", "small") for f in ("adamw", "muon")}
     t0 = time.perf_counter()
@@ -182,16 +192,23 @@ def summarize(results: list[dict]) -> dict:
         n = len(rows)
         counts = {k: sum(x["score"][k] for _, x in rows) for k in ("inside", "sign", "factor2")}
         div = sum(x["end_gap"] is None for _, x in rows)
-        ratios = [x["end_gap"] / r["measured"]["gap"] for r, x in rows if x["end_gap"] is not None
-                  and r["measured"]["gap"] and r["mode"] == "delayed"]
+        def ratios(keep=lambda r: True):  # predicted / measured, plain delay (no correction)
+            return [x["end_gap"] / r["measured"]["gap"] for r, x in rows if x["end_gap"] is not None
+                    and r["measured"]["gap"] and r["mode"] in ("delayed", "2bw") and keep(r)]
+
+        def median(v):
+            return float(np.median(v)) if v else None
+
         out[view] = {"cells": n, **counts, "diverged": div,
-                     "median_ratio_plain_delay": float(np.median(ratios)) if ratios else None,
+                     "median_ratio_plain_delay": median(ratios()),
                      "by_optimizer": {o: {k: sum(x["score"][k] for r, x in rows if r["optimizer"] == o)
                                           for k in ("inside", "sign", "factor2")} | {
                          "cells": sum(r["optimizer"] == o for r, _ in rows),
+                         "median_ratio_plain_delay": median(ratios(lambda r, o=o: r["optimizer"] == o)),
                          "diverged": sum(x["end_gap"] is None for r, x in rows if r["optimizer"] == o)}
                          for o in sorted({r["optimizer"] for r, _ in rows})}}
-        along = [(g, q) for r, x in rows for _, g, q in x["along"] if q is not None and g]
+        along = [(g, q) for r, x in rows if x["end_gap"] is not None  # a diverged curve: no gap along it either
+                 for _, g, q in x["along"] if q is not None and g]
         out[view]["along"] = {"points": len(along), "sign": sum(np.sign(g) == np.sign(q) for g, q in along),
                               "factor2": sum(0.5 <= q / g <= 2 for g, q in along)}
     return out
