@@ -463,8 +463,10 @@ def nodes_from_spectrum(spectrum: dict, kind: str = "hessian", checkpoint: int =
                         excess0: float | None = None) -> Spectrum:
     """The NQM's nodes from one checkpoint of a spectrum file (``delaylab llm spectrum``).
 
-    Curvatures: the SLQ nodes, negative ones dropped (a quadratic model has no use for them; the
-    file says how much mass they carry). Noise: per-example c_i = kappa h_i with kappa = noise
+    Curvatures: the SLQ nodes, negative ones set to 0 (a quadratic model has no use for them; the
+    file says how much mass they carry: with few Lanczos steps the bulk near 0 can land on a
+    slightly negative node); kept as flat directions, they add nothing to the loss but take
+    their share of Muon's matrix. Noise: per-example c_i = kappa h_i with kappa = noise
     trace / positive trace (the NQM's assumption that the noise covariance is aligned with the
     Hessian, Zhang et al. 2019). Start: E[x_0^2] alike in every direction, scaled so that the
     starting excess loss is ``excess0`` (default: the loss at initialization minus the
@@ -476,9 +478,7 @@ def nodes_from_spectrum(spectrum: dict, kind: str = "hessian", checkpoint: int =
         raise ConfigError(f"the spectrum file has {len(cks)} checkpoints; no index {checkpoint}") from None
     if kind not in ck:
         raise ConfigError(f"the spectrum file has no {kind!r} density (a preconditioned one is measured for AdamW)")
-    h, w = np.asarray(ck[kind]["nodes"], float), np.asarray(ck[kind]["weights"], float)
-    keep = h > 0
-    h, w = h[keep], w[keep]
+    h, w = np.asarray(ck[kind]["nodes"], float).clip(0.0), np.asarray(ck[kind]["weights"], float)
     trace = float(np.sum(w * h))
     noise = ck["noise_trace_precond"] if kind == "precond" else ck["noise_trace"]
     if excess0 is None:

@@ -38,9 +38,9 @@ def test_json_equals_the_library(capsys, tmp_path):
     assert spec.loss(spec.x0sq) == pytest.approx(3.0)
 
 
-def test_negative_curvature_is_dropped():
+def test_negative_curvature_is_flat():
     spec = nqm.nodes_from_spectrum(SPECTRUM, "hessian")
-    assert spec.h.min() > 0 and spec.w.sum() == 605
+    assert spec.h.min() == 0 and spec.w.sum() == 615 and spec.c[0] == 0
 
 
 def test_a_diverged_model_is_flagged_not_printed(capsys):
