@@ -294,8 +294,10 @@ def stationary_loss(spec: Spectrum, method: Method, lr: float, batch: int = 1) -
         raise ConfigError("stationary_loss: weight decay moves the minimum; none here")
     trans = _transitions(spec, method, lr * _damp(method, True), lr, True)
     n = spec.h.size
-    xsq = np.empty(n)
+    xsq = np.zeros(n)
     for i in range(n):
+        if spec.h[i] == 0:  # a flat direction never moves and adds nothing to the loss
+            continue
         if len(trans) == 1:
             _, A, b = trans[0]
             if np.max(np.abs(np.linalg.eigvals(A[i]))) >= 1.0:
@@ -587,7 +589,7 @@ def predict_gap(spectrum: dict, optimizer: str, lr: float, steps: int, batch: in
         tau = max(taus) if taus != [None] else m.tau_max
         limit = max_stable(Method(m.name, m.beta, tau, ef=tau if m.ef is not None and tau else None)) / lr
         h = np.minimum(spec.h, 0.9 * limit)
-        ratio = h / np.maximum(spec.h, 1e-300)
+        ratio = np.divide(h, spec.h, out=np.ones_like(h), where=spec.h > 0)  # flat directions stay as they are
         return Spectrum(h=h, w=spec.w, c=spec.c * ratio, x0sq=spec.x0sq / ratio)  # the same starting loss
 
     sync, sync_se = _curve(capped(sync_m, [None]), sync_m, lrs, batch, model, runs, seed, side, [None])

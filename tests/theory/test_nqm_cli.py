@@ -21,7 +21,7 @@ def run_json(capsys, argv):
 SPECTRUM = {"format": "delaylab-spectrum-1", "init_val_loss": 5.5, "d_model": 4,
             "checkpoints": [{"step": 10, "val_loss": 2.5, "noise_trace": 3.0, "noise_trace_precond": 30.0,
                              "hessian": {"nodes": [-0.1, 0.01, 0.3, 5.0], "weights": [10, 500, 100, 5]},
-                             "precond": {"nodes": [0.1, 3.0, 40.0], "weights": [500, 100, 15]}}]}
+                             "precond": {"nodes": [-0.5, 0.1, 3.0, 40.0], "weights": [10, 500, 100, 15]}}]}
 
 
 def test_json_equals_the_library(capsys, tmp_path):
@@ -34,7 +34,7 @@ def test_json_equals_the_library(capsys, tmp_path):
     assert d["model"] == "exact" and d["density"] == "precond" and d["diverged"] == {"sync": False, "delayed": False}
     # the fit by hand: noise c = kappa h with kappa = 30 / (0.1*500 + 3*100 + 40*15); start 3 nats of excess
     spec = nqm.nodes_from_spectrum(SPECTRUM, "precond")
-    assert spec.c[2] / spec.h[2] == pytest.approx(30.0 / 950.0)
+    assert spec.c[3] / spec.h[3] == pytest.approx(30.0 / 950.0)
     assert spec.loss(spec.x0sq) == pytest.approx(3.0)
 
 
@@ -86,3 +86,13 @@ def test_lyapunov_vs_recursion_on_a_fitted_spectrum():
     m = nqm.Method("ema", 0.9, 1, ef=1)
     s = nqm.stationary_loss(spec, m, 0.01, batch=8)
     assert s == pytest.approx(nqm.expected_loss(spec, m, np.full(20000, 0.01), batch=8)[-1], rel=1e-8)
+
+
+def test_eos_caps_each_curve_below_its_own_limit():
+    """lr 0.1: 40 * 0.1 = 4 is past the delayed limit (1) and inside the sync one (38): the plain
+    model diverges, the capped one does not, and both curves start at the same loss."""
+    plain = nqm.predict_gap(SPECTRUM, "adamw", 0.1, 200, 8, delay=1, schedule="constant")
+    assert plain["end_gap"] is None and plain["diverged"] == {"sync": False, "delayed": True}
+    eos = nqm.predict_gap(SPECTRUM, "adamw", 0.1, 200, 8, delay=1, schedule="constant", eos=True)
+    assert eos["end_gap"] is not None and eos["sync"][0] == pytest.approx(eos["delayed"][0])
+    assert np.allclose(eos["sync"], plain["sync"])  # sync is under its limit: nothing capped
