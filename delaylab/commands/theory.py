@@ -302,7 +302,7 @@ def cmd_nqm(args) -> int:
     r = nqm.predict_gap(spectrum, args.optimizer, args.lr, args.steps, args.batch, delay=args.delay,
                         correction=args.correction, momentum=args.momentum, schedule=args.schedule, warmup=args.warmup,
                         min_lr_ratio=args.min_lr_ratio, model=args.model, runs=args.runs, seed=args.seed,
-                        checkpoint=args.checkpoint)
+                        checkpoint=args.checkpoint, eos=args.eos)
     every = max(1, args.steps // 20)
     idx = list(range(0, args.steps + 1, every)) + ([args.steps] if args.steps % every else [])
 
@@ -311,7 +311,7 @@ def cmd_nqm(args) -> int:
                 for x in v]
 
     result = {k: r[k] for k in ("optimizer", "model", "density", "lr", "steps", "batch", "delay", "correction",
-                                "momentum", "schedule", "end_gap", "diverged")}
+                                "momentum", "schedule", "eos", "end_gap", "diverged")}
     result["delay"] = {str(k): v for k, v in result["delay"].items()} if isinstance(result["delay"], dict) else \
         result["delay"]
     result.update(step=idx, sync=clean(r["sync"][idx]), delayed=clean(r["delayed"][idx]), gap=clean(r["gap"][idx]),
@@ -429,6 +429,8 @@ def register(sub) -> None:
                    help="none, ef, predict, ef+predict, damp")
     n.add_argument("--model", choices=("exact", "adamw", "sign", "muon"),
                    help="exact recursion or Monte Carlo of the real update (default by optimizer)")
+    n.add_argument("--eos", action="store_true", help="exact model: cap each curve's curvatures at 0.9 x its own "
+                   "stability limit / lr (the edge of stability an adaptive method settles at)")
     n.add_argument("--runs", type=positive_int, default=2000, help="Monte Carlo runs (default 2000)")
     n.add_argument("--seed", type=nonneg_int, default=0, help="Monte Carlo seed")
     n.add_argument("--top", type=positive_float, default=10.0, help="synthetic density: top curvature (default 10)")

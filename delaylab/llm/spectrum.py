@@ -150,8 +150,7 @@ def measure(run: str | Path, probes: int = 4, lanczos_steps: int = 30, batches: 
 
 
 def _run_summary(cfg) -> dict:
-    from delaylab.llm.config import lr_factor  # noqa: F401  (the schedule the NQM repeats)
-
+    """The run's settings the NQM needs (the schedule is the one delaylab.theory.nqm.lr_factors repeats)."""
     s = cfg.lr_schedule
     return {"optimizer": cfg.optim.optimizer, "lr": cfg.resolved_lr(), "momentum": cfg.optimizer_kwargs().get(
         "momentum", (cfg.optimizer_kwargs().get("betas") or [None])[0]), "steps": cfg.run.steps,

@@ -96,3 +96,15 @@ def test_eos_caps_each_curve_below_its_own_limit():
     eos = nqm.predict_gap(SPECTRUM, "adamw", 0.1, 200, 8, delay=1, schedule="constant", eos=True)
     assert eos["end_gap"] is not None and eos["sync"][0] == pytest.approx(eos["delayed"][0])
     assert np.allclose(eos["sync"], plain["sync"])  # sync is under its limit: nothing capped
+
+
+def test_eos_flag(capsys, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(SPECTRUM))
+    argv = ["theory", "nqm", "--spectrum", str(path), "--lr", "0.1", "--steps", "200", "--batch", "8",
+            "--schedule", "constant"]
+    assert run_json(capsys, argv)["end_gap"] is None
+    d = run_json(capsys, argv + ["--eos"])
+    assert d["eos"] and d["end_gap"] == pytest.approx(
+        nqm.predict_gap(SPECTRUM, "adamw", 0.1, 200, 8, schedule="constant", eos=True)["end_gap"], rel=1e-12)
+    assert main(argv + ["--eos", "--optimizer", "muon"]) == 2  # the Monte Carlo models adapt on their own
