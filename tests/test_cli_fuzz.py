@@ -1,5 +1,5 @@
 """A fuzzed command line: hypothesis draws flag combinations for `llm train`, `llm pipeline`, `toy rates`,
-`toy profile`, `theory bound|tune|pep` and `llm advise` from their own argparse tables (every option the
+`toy profile`, `theory bound|tune|pep|nqm` and `llm advise` from their own argparse tables (every option the
 parser has, its kind read from the action: a switch, a choice, an int, a float, a bool, a path, text)
 and values of three sorts: valid, edge (0, -1, 1e308, inf, nan, empty) and garbage. Each case runs
 in-process through ``delaylab.cli.main`` in a fresh folder and must
@@ -71,6 +71,7 @@ BOUNDED = {
 }
 # Per command, where the shared list would be too costly: a PEP's size grows with T (T = 100: minutes).
 BOUNDED_IN = {("theory", "pep"): {"T": ["1", "2", "3", "0", "-1", "x", ""]},
+              ("theory", "nqm"): {"runs": ["2", "10", "0", "-1", "x"], "steps": ["1", "5", "30", "0", "-1", "x"]},
               ("toy", "profile"): {"T": ["10", "20", "10,20", "0", "-1", "x", ""]}}
 # Unset flags that would make a case slow get these (a drawn value replaces them).
 PINS = {
@@ -84,6 +85,7 @@ PINS = {
     ("theory", "bound"): {"L": "1", "sigma": "1", "Delta": "1", "T": "100", "eta": "0.01", "beta": "0.9", "G0": "1"},
     ("theory", "tune"): {"L": "1", "sigma": "1", "Delta": "1", "T": "100", "G0": "1"},
     ("theory", "pep"): {"T": "2", "eta": "0.1"},
+    ("theory", "nqm"): {"steps": "30", "runs": "10"},
     ("llm", "advise"): {"forward": "1", "backward": "2", "preset": "tiny", "batch_size": "2", "block_size": "16"},
 }
 COMMANDS = list(PINS)

@@ -206,6 +206,36 @@ def cmd_advise(args) -> int:
     return 0
 
 
+def cmd_spectrum(args) -> int:
+    import sys
+
+    from delaylab._io import figure_path, write_json
+    from delaylab.llm.spectrum import measure, plot
+
+    for name in ("probes", "batches"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.lanczos_steps < 2 or args.noise_sequences < 2:
+        raise UsageError("--lanczos-steps and --noise-sequences must be >= 2")
+    out = Path(args.out) if args.out else Path(args.run) / "spectrum.json"
+    if args.figure:
+        figure_path(args.figure)  # a bad figure path fails before the minutes of measuring
+    say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    spec = measure(args.run, probes=args.probes, lanczos_steps=args.lanczos_steps, batches=args.batches,
+                   noise_sequences=args.noise_sequences, seed=args.seed, progress=say)
+    write_json(out, spec)
+    if args.figure:
+        plot(spec, args.figure)
+    top = [max(c["hessian"]["nodes"]) for c in spec["checkpoints"]]
+    result = {"spectrum": str(out), "figure": args.figure, "seconds": spec["seconds"],
+              "checkpoints": [c["step"] for c in spec["checkpoints"]], "top_eigenvalue": top,
+              "noise_trace": [c["noise_trace"] for c in spec["checkpoints"]]}
+    emit(result, args.json, lambda r: (f"{r['spectrum']}: checkpoints {r['checkpoints']}, top Hessian eigenvalue "
+                                       + ", ".join(f"{t:.4g}" for t in r["top_eigenvalue"])
+                                       + f"; {r['seconds']:.0f} s"))
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("llm", help="GPT pretraining: sync vs delayed vs mitigations")
     llm_sub = p.add_subparsers(dest="llm_command", metavar="LLM_COMMAND", required=True)
@@ -270,5 +300,23 @@ def register(sub) -> None:
     a.add_argument("--figure", metavar="PNG", help="write the time-to-target bar chart here")
     add_json_flag(a)
     a.set_defaults(func=cmd_advise)
+
+    sp = llm_sub.add_parser(
+        "spectrum", help="Hessian spectral density (SLQ) and gradient noise at a run's checkpoints, for the NQM",
+        description="At each checkpoint of RUN, on held-out batches: the Hessian's spectral density by stochastic "
+        "Lanczos quadrature (Hessian-vector products, float64), for AdamW also that of D^1/2 H D^1/2 with D from its "
+        "second moment, and the trace of the per-sequence gradient covariance. Writes a spectrum file (JSON) for "
+        "`delaylab theory nqm --spectrum`. Minutes on a CPU for the tiny model.")
+    sp.add_argument("run", metavar="RUN", help="a run folder with checkpoints (llm train --ckpt-every N)")
+    sp.add_argument("--out", metavar="JSON", help="the spectrum file (default RUN/spectrum.json)")
+    sp.add_argument("--probes", type=int, default=3, help="SLQ random probes (default 3)")
+    sp.add_argument("--lanczos-steps", type=int, default=20, help="Lanczos steps per probe (default 20)")
+    sp.add_argument("--batches", type=int, default=2, help="held-out batches for the Hessian (default 2)")
+    sp.add_argument("--noise-sequences", type=int, default=32,
+                    help="held-out sequences for the gradient noise (default 32)")
+    sp.add_argument("--seed", type=int, default=0, help="the probes' seed")
+    sp.add_argument("--figure", metavar="PNG", help="also plot the densities")
+    add_json_flag(sp)
+    sp.set_defaults(func=cmd_spectrum)
 
     pipeline.register(llm_sub)

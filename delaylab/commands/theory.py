@@ -253,6 +253,116 @@ def cmd_pep(args) -> int:
     return 0
 
 
+def _delay_arg(text: str):
+    """--delay 1 | 3,2,1,0 (per pipeline stage) | uniform:0-4 (drawn each step)."""
+    try:
+        if text.startswith("uniform:"):
+            lo, hi = (int(t) for t in text.split(":", 1)[1].split("-"))
+            if not 0 <= lo <= hi:
+                raise ValueError
+            return {t: 1.0 / (hi - lo + 1) for t in range(lo, hi + 1)}
+        taus = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, a list per stage (3,2,1,0) or uniform:LO-HI, "
+                                         f"got {text!r}") from None
+    if any(t < 0 for t in taus):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return taus[0] if len(taus) == 1 else taus
+
+
+def cmd_nqm(args) -> int:
+    import numpy as np
+
+    from delaylab.commands._common import UsageError
+    from delaylab.theory import nqm
+
+    if args.spectrum:
+        import json
+        from pathlib import Path
+
+        from delaylab.errors import ConfigError, MissingFile
+
+        path = Path(args.spectrum)
+        if not path.is_file():
+            raise MissingFile(f"no spectrum file {path}")
+        try:
+            spectrum = json.loads(path.read_text())
+        except ValueError as err:
+            raise ConfigError(f"{path}: not JSON ({err})") from None
+        if not isinstance(spectrum, dict) or not spectrum.get("checkpoints"):
+            raise ConfigError(f"{path}: not a delaylab spectrum file (make one with `delaylab llm spectrum RUN`)")
+    else:  # a synthetic power-law density, so that the command runs without a measured spectrum
+        h = np.geomspace(1e-3, args.top, 60)
+        spectrum = {"checkpoints": [{"val_loss": 0.0, "hessian": {"nodes": h.tolist(), "weights": [1.0] * 60},
+                                     "precond": {"nodes": h.tolist(), "weights": [1.0] * 60},
+                                     "noise_trace": args.noise, "noise_trace_precond": args.noise}],
+                    "init_val_loss": 1.0, "d_model": 8}
+    if args.warmup is not None and not 0 <= args.warmup <= args.steps:
+        raise UsageError(f"--warmup must be in [0, steps], got {args.warmup}")
+    r = nqm.predict_gap(spectrum, args.optimizer, args.lr, args.steps, args.batch, delay=args.delay,
+                        correction=args.correction, momentum=args.momentum, schedule=args.schedule, warmup=args.warmup,
+                        min_lr_ratio=args.min_lr_ratio, model=args.model, runs=args.runs, seed=args.seed,
+                        checkpoint=args.checkpoint, eos=args.eos)
+    every = max(1, args.steps // 20)
+    idx = list(range(0, args.steps + 1, every)) + ([args.steps] if args.steps % every else [])
+
+    def clean(v):  # a diverged curve: null, not 1e300
+        return [float(x) if np.isfinite(x) and abs(x) < nqm.DIVERGED * max(r["start_loss"], 1e-300) else None
+                for x in v]
+
+    result = {k: r[k] for k in ("optimizer", "model", "density", "lr", "steps", "batch", "delay", "correction",
+                                "momentum", "schedule", "eos", "end_gap", "diverged")}
+    result["delay"] = {str(k): v for k, v in result["delay"].items()} if isinstance(result["delay"], dict) else \
+        result["delay"]
+    result.update(step=idx, sync=clean(r["sync"][idx]), delayed=clean(r["delayed"][idx]), gap=clean(r["gap"][idx]),
+                  gap_se=[float(x) for x in r["se"][idx]], end_sync=clean(r["sync"][-1:])[0],
+                  end_delayed=clean(r["delayed"][-1:])[0])
+    if args.plot:
+        save_figure(_plot_nqm(r), args.plot, dpi=120, bbox_inches="tight")
+        result["plot"] = args.plot
+
+    def render(d):
+        if d["end_gap"] is None:
+            which = " and ".join(k for k, v in d["diverged"].items() if v)
+            return (f"NQM {d['optimizer']} ({d['model']}) lr {_fmt(d['lr'])}, delay {d['delay']} {d['correction']}: "
+                    f"the {which} model diverges (expected loss beyond {nqm.DIVERGED:g}x its start): no gap to predict")
+        return (f"NQM {d['optimizer']} ({d['model']}) lr {_fmt(d['lr'])}, delay {d['delay']} {d['correction']}, "
+                f"{d['steps']} steps, batch {d['batch']}: sync {_fmt(d['end_sync'])}, delayed "
+                f"{_fmt(d['end_delayed'])}, gap {d['end_gap']:+.4g} (excess loss of the quadratic)")
+
+    emit(result, args.json, render)
+    return 0
+
+
+def _plot_nqm(r):
+    import sys
+
+    import matplotlib
+
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    t = np.arange(r["sync"].size)
+    a.plot(t, r["sync"], label="sync")
+    a.plot(t, r["delayed"], label=f"delay {r['delay']} {r['correction']}")
+    a.set_yscale("log")
+    a.set_xlabel("update")
+    a.set_ylabel("NQM expected excess loss")
+    a.legend(fontsize=8)
+    b.plot(t, r["gap"], color="C3")
+    if np.any(r["se"] > 0):
+        b.fill_between(t, r["gap"] - 2 * r["se"], r["gap"] + 2 * r["se"], color="C3", alpha=0.2, label="2 SE (MC)")
+        b.legend(fontsize=8)
+    b.axhline(0, color="k", lw=0.5)
+    b.set_xlabel("update")
+    b.set_ylabel("predicted gap (delayed - sync)")
+    fig.suptitle(f"NQM: {r['optimizer']} ({r['model']}), lr {r['lr']:g}")
+    return fig
+
+
 def register(sub) -> None:
     p = sub.add_parser("theory", help="convergence bounds, tuning, delay penalty, linear stability",
                        description="Bounds for momentum-LMO (Muon) and SGDM under a gradient delay; "
@@ -295,6 +405,39 @@ def register(sub) -> None:
     a.add_argument("--plot", metavar="PNG", help="also plot the numbers against tau")
     add_json_flag(a)
     a.set_defaults(func=cmd_axis)
+
+    n = tsub.add_parser(
+        "nqm", help="noisy quadratic model: predicted sync / delayed loss curves and their gap",
+        description="The noisy quadratic model (Zhang et al. 2019) under a gradient delay, fitted to a spectrum file "
+        "(`delaylab llm spectrum RUN`): exact expected loss by the second-moment recursion for AdamW through its "
+        "fixed diagonal preconditioner (model exact), Monte Carlo of the real AdamW update, of Muon on a matrix and of "
+        "sign descent (Lion). Without --spectrum a synthetic power-law density (--top, --noise). See docs/nqm.md.")
+    n.add_argument("--spectrum", metavar="JSON", help="a spectrum file from `delaylab llm spectrum`")
+    n.add_argument("--checkpoint", type=int, default=-1, help="which checkpoint of the file (default -1: the last)")
+    n.add_argument("--optimizer", default="adamw", help="adamw, soap, adan, mars (diagonal model), muon, lion, sgd")
+    n.add_argument("--lr", type=positive_float, default=1e-3, help="peak lr (default 1e-3)")
+    n.add_argument("--momentum", type=unit_interval, help="momentum / beta1 (default: the optimizer's)")
+    n.add_argument("--steps", type=positive_int, default=300, help="updates (default 300)")
+    n.add_argument("--batch", type=positive_int, default=16, help="sequences per update (default 16)")
+    n.add_argument("--schedule", default="cosine", choices=("cosine", "wsd", "constant"),
+                   help="lr schedule after the warmup (default cosine)")
+    n.add_argument("--warmup", type=nonneg_int, help="warmup updates (default 5%% of steps)")
+    n.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr / peak (default 0.1)")
+    n.add_argument("--delay", "--tau", dest="delay", type=_delay_arg, default=1,
+                   help="1, per stage 3,2,1,0 (PipeDream), or uniform:0-4 (default 1)")
+    n.add_argument("--correction", default="none", choices=("none", "ef", "predict", "ef+predict", "damp"),
+                   help="none, ef, predict, ef+predict, damp")
+    n.add_argument("--model", choices=("exact", "adamw", "sign", "muon"),
+                   help="exact recursion or Monte Carlo of the real update (default by optimizer)")
+    n.add_argument("--eos", action="store_true", help="exact model: cap each curve's curvatures at 0.9 x its own "
+                   "stability limit / lr (the edge of stability an adaptive method settles at)")
+    n.add_argument("--runs", type=positive_int, default=2000, help="Monte Carlo runs (default 2000)")
+    n.add_argument("--seed", type=nonneg_int, default=0, help="Monte Carlo seed")
+    n.add_argument("--top", type=positive_float, default=10.0, help="synthetic density: top curvature (default 10)")
+    n.add_argument("--noise", type=positive_float, default=1.0, help="synthetic density: noise trace (default 1)")
+    n.add_argument("--plot", metavar="PNG", help="also plot the curves and the gap")
+    add_json_flag(n)
+    n.set_defaults(func=cmd_nqm)
 
     e = tsub.add_parser(
         "pep", help="exact worst case by performance estimation (PEPit) against our bound",

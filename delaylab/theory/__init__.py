@@ -16,6 +16,11 @@ all L-smooth functions by performance estimation (PEPit, the optional extra ``de
 and set Theorem 4 against it. LMO methods cannot be expressed there (their step is not linear in
 the gradients).
 
+Predicting the gap rather than bounding it: :mod:`delaylab.theory.nqm` (the noisy quadratic
+model under delay: exact expected loss curves, Lyapunov stationary loss, Monte Carlo of the
+nonlinear optimizers; docs/nqm.md) with :mod:`delaylab.theory.slq` (stochastic Lanczos
+quadrature).
+
 Operations: :func:`evaluate` (vectorised over numpy arrays), :func:`tune` (closed form from
 sympy + scipy check), :func:`closed_form`, :func:`delay_penalty`, the linear stability helpers
 in :mod:`delaylab.theory.stability`, and the estimators of the constants in

@@ -1,0 +1,40 @@
+"""The NQM score's bookkeeping: pairing by seed, the t interval, the three counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from delaylab.reproduce import nqm_score
+
+
+def _row(mode, seed, loss, **kw):
+    base = dict(kind="gpt", optimizer="adamw", mode=mode, correction="none" if mode != "ef" else "ef",
+                delay=0 if mode == "sync" else 1, delay_dist=None, lr=0.002, momentum=0.9, seed=seed, preset="tiny",
+                variant="main", steps=300, batch_size=16, block_size=None, n_layer=None, warmup=None, sync_start=0,
+                sync_cooldown=0, dc_lambda=None, tokens=3000, val_loss=loss,
+                val_curve=[[1500, loss + 1], [3000, loss]])
+    return {**base, **kw}
+
+
+def test_cells_pair_by_seed_and_measure_the_t_interval(tmp_path):
+    rows = [_row("sync", s, 2.0 + 0.01 * s) for s in range(3)] + [_row("delayed", s, 2.1 + 0.02 * s) for s in range(4)]
+    for report in nqm_score.REPORTS:
+        (tmp_path / report).mkdir()
+        (tmp_path / report / "runs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cells = [c for c in nqm_score.cells(tmp_path) if c["report"] == "cpu-small"]
+    assert len(cells) == 1 and len(cells[0]["rows"]) == 3  # seed 3 has no sync run
+    m = nqm_score.measured(cells[0])
+    assert m["gap"] == pytest.approx(0.11) and m["seeds"] == 3
+    # gaps 0.10, 0.11, 0.12: sd 0.01, t(0.975, 2) = 4.303
+    assert m["ci"][1] - m["gap"] == pytest.approx(4.302653 * 0.01 / 3 ** 0.5, rel=1e-5)
+    assert m["curve"] == [[150, pytest.approx(0.11)], [300, pytest.approx(0.11)]]
+
+
+def test_score_counts():
+    meas = {"gap": 0.1, "ci": [0.05, 0.15]}
+    assert nqm_score.score(0.12, meas) == {"inside": True, "sign": True, "factor2": True}
+    assert nqm_score.score(0.01, meas) == {"inside": False, "sign": True, "factor2": False}
+    assert nqm_score.score(-0.1, meas) == {"inside": False, "sign": False, "factor2": False}
+    assert nqm_score.score(None, meas) == {"inside": False, "sign": False, "factor2": False}
