@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from delaylab.errors import ConfigError
+from delaylab.llm.model_config import PRESETS, preset
 from delaylab.optim import corrections
 
 ENGINES = ("simulator", "pipeline")
@@ -44,8 +45,7 @@ def _f(default: Any, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    preset: str = _f("tiny", "model size: tiny, small, medium, 135m, 360m",
-                     choices=("tiny", "small", "medium", "135m", "360m"))
+    preset: str = _f("tiny", f"model size: {', '.join(PRESETS)}", choices=tuple(PRESETS))
     n_layer: int | None = _f(None, "transformer blocks (default: the preset's)", range="[1, inf)")
     mlp: str | None = _f(None, "gelu or swiglu (default: the preset's)", choices=("gelu", "swiglu"))
     tie_embeddings: bool | None = _f(None, "share the embedding and lm_head matrix (default: the preset's)")
@@ -267,8 +267,6 @@ class Config:
         return "delayed" if self.delayed else "sync"
 
     def model_config(self, vocab_size: int):
-        from delaylab.llm.model import preset
-
         m = self.model
         moe = ("moe_experts", "moe_top_k", "moe_capacity_factor", "moe_aux_loss_coef")
         over = {"vocab_size": vocab_size, "dropout": m.dropout, **{name: getattr(m, name) for name in moe},

@@ -128,3 +128,22 @@ def test_bad_configs_raise_value_error():
         GPTConfig(d_model=130, n_head=4)
     with pytest.raises(ValueError, match="block_size"):
         tiny()(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_the_config_and_the_command_line_take_their_presets_from_the_one_list():
+    import argparse
+    import subprocess
+    import sys
+
+    from delaylab.commands.reproduce import register
+    from delaylab.llm.config import leaf_fields
+    from delaylab.reproduce.presets import PRESETS as REPRODUCE_PRESETS
+
+    assert leaf_fields()["preset"][1].metadata["choices"] == tuple(PRESETS)
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    help_text = sub.choices["reproduce"].format_help()
+    assert all(name in help_text for name in REPRODUCE_PRESETS)
+    # the list is plain data: the config reads it without loading torch
+    code = "import sys, delaylab.llm.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
