@@ -54,7 +54,7 @@ class StageRun:
             raise ValueError("tied embeddings need a gradient exchange between the first and last stage; "
                              "use tie_embeddings=False")
         torch.manual_seed(cfg.run.seed)  # every rank builds the same full model: the trainer's init
-        self.module = Stage(GPT(model_cfg), s, P).to(dtype=cfg.torch_dtype())
+        self.module = Stage(GPT(model_cfg, M), s, P).to(dtype=cfg.torch_dtype())
         self.stage_index, self.P, self.M, self.block = s, P, M, model_cfg.block_size
         self.pipeline = schedule_class(schedule)(
             PipelineStage(self.module, s, P, torch.device("cpu"), group=group), M,

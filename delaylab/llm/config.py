@@ -269,8 +269,7 @@ class Config:
     def model_config(self, vocab_size: int):
         m = self.model
         moe = ("moe_experts", "moe_top_k", "moe_capacity_factor", "moe_aux_loss_coef")
-        over = {"vocab_size": vocab_size, "dropout": m.dropout, **{name: getattr(m, name) for name in moe},
-                "grad_accum": self.data.grad_accum or 1}  # the aux loss's gradient takes the LM loss's 1/M
+        over = {"vocab_size": vocab_size, "dropout": m.dropout, **{name: getattr(m, name) for name in moe}}
         for name in ("n_layer", "mlp", "tie_embeddings", "block_size", "mlp_hidden"):
             if getattr(m, name) is not None:
                 over[name] = getattr(m, name)

@@ -132,11 +132,11 @@ class MoE(nn.Module):
       them: harmless, one small collective.
     """
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, grad_accum: int = 1):
         super().__init__()
         self.n_experts, self.top_k = cfg.moe_experts, cfg.moe_top_k
         self.capacity_factor = cfg.moe_capacity_factor
-        self.aux_scale = cfg.moe_aux_loss_coef / cfg.grad_accum
+        self.aux_scale = cfg.moe_aux_loss_coef / grad_accum
         self.router = nn.Linear(cfg.d_model, cfg.moe_experts, bias=False)
         self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.moe_experts))
         self.register_buffer("load", torch.zeros(cfg.moe_experts), persistent=False)
@@ -206,12 +206,12 @@ def moe_load(model: nn.Module) -> dict:
 class Block(nn.Module):
     """Pre-norm residual block: ``h + attn(norm(h))``, then ``h + mlp(norm(h))``."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, grad_accum: int = 1):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.norm2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MoE(cfg) if cfg.moe_experts else MLP(cfg)
+        self.mlp = MoE(cfg, grad_accum) if cfg.moe_experts else MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -250,11 +250,17 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    """The model of ``cfg``. ``grad_accum`` is the run's microbatches per update, M (a training knob,
+    not the model's shape): the engines backpropagate loss / M, so an MoE's load-balancing loss
+    gradient takes ``moe_aux_loss_coef / M`` alike (no engine knows the aux loss)."""
+
+    def __init__(self, cfg: GPTConfig, grad_accum: int = 1):
         super().__init__()
+        if grad_accum < 1:
+            raise ConfigError(f"grad_accum must be >= 1, got {grad_accum}")
         self.config = cfg
         self.embed = Embedding(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, grad_accum) for _ in range(cfg.n_layer))
         self.head = Head(cfg)
         if cfg.tie_embeddings:
             self.head.lm_head.weight = self.embed.tok.weight

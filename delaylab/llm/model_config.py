@@ -31,9 +31,6 @@ class GPTConfig:
     moe_top_k: int = 2
     moe_capacity_factor: float = 1.25  # slots per expert and sequence: ceil(factor * T * k / E), <= T
     moe_aux_loss_coef: float = 0.01  # Switch Transformer's alpha
-    # Microbatches per update, M: the engines backpropagate loss / M, so the load-balancing
-    # loss's gradient is scaled by moe_aux_loss_coef / M alike (no engine knows the aux loss).
-    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         if self.mlp not in ("gelu", "swiglu"):
@@ -49,9 +46,8 @@ class GPTConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.mlp_hidden is not None and self.mlp_hidden < 1:
             raise ConfigError(f"mlp_hidden must be >= 1, got {self.mlp_hidden}")
-        for name, low in (("moe_experts", 0), ("grad_accum", 1)):
-            if getattr(self, name) < low:
-                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.moe_experts < 0:
+            raise ConfigError(f"moe_experts must be >= 0, got {self.moe_experts}")
         if self.moe_experts:
             if not 1 <= self.moe_top_k <= self.moe_experts:
                 raise ConfigError(f"moe_top_k must be in [1, moe_experts={self.moe_experts}], "
@@ -79,6 +75,10 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
+        """From :meth:`to_dict`'s dict. One written when the model config still carried
+        ``grad_accum`` (a training knob, now the run config's alone: the engines pass it to
+        :class:`~delaylab.llm.model.GPT`) is read without it."""
+        d = {k: v for k, v in d.items() if k != "grad_accum"}
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:

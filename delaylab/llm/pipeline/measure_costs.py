@@ -31,7 +31,7 @@ def measure_costs(cfg, device: torch.device, repeats: int = 5, link_gbps: float 
     P = cfg.parallel.stages
     model_cfg = cfg.model_config(256 if cfg.data.tokenizer == "byte" else cfg.data.vocab_size)
     torch.manual_seed(cfg.run.seed)
-    model = GPT(model_cfg)
+    model = GPT(model_cfg, cfg.data.grad_accum)
     B, T, d = cfg.data.batch_size, model_cfg.block_size, model_cfg.d_model
     make = optimizer_factory(cfg)
     f, b, u = [], [], []

@@ -79,7 +79,7 @@ class Setup:
     def seeded_model(self) -> GPT:
         """The run's initial weights, on the CPU in float32: the same on every rank."""
         torch.manual_seed(self.cfg.run.seed)
-        return GPT(self.model_cfg)
+        return GPT(self.model_cfg, self.cfg.data.grad_accum)
 
     def rows(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This replica's rows of a batch, on the device."""
