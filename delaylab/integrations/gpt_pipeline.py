@@ -42,10 +42,11 @@ class StageRun:
     def __init__(self, cfg: Config, schedule: str, group=None, microbatches: bool = False):
         from torch.distributed.pipelining import PipelineStage
 
-        from delaylab.llm.run.setup import load_data, optimizer_factory
+        from delaylab.llm.pipeline.stages import optimizer_factory
+        from delaylab.llm.run.setup import load_data, resolve
         from delaylab.llm.pipeline.stages import Stage
 
-        self.cfg = cfg = cfg.resolved("pipeline")
+        self.cfg = cfg = resolve(cfg, "pipeline")
         P, M = cfg.parallel.stages, cfg.data.grad_accum
         s = dist.get_rank(group)
         self.data = load_data(cfg)
@@ -128,9 +129,9 @@ def run_torch_schedule(jobs: list[tuple], timeout: float = 120) -> list[dict]:
     state dict). Returns the last stage's ``{"updates", "losses", "wall_s", "batch_ends", "cpu_s"
     (every rank's), "machine_busy_s"}`` per job."""
     from delaylab.llm.distributed.launch import launch
-    from delaylab.llm.run.setup import load_data
+    from delaylab.llm.run.setup import load_data, resolve
 
-    jobs = [(cfg.resolved("pipeline"), name, Path(folder), bool(rest and rest[0])) for cfg, name, folder, *rest in jobs]
+    jobs = [(resolve(cfg, "pipeline"), name, Path(folder), bool(rest and rest[0])) for cfg, name, folder, *rest in jobs]
     stages = {cfg.parallel.stages for cfg, *_ in jobs}
     if len(stages) != 1:
         raise ValueError(f"one stage count for all jobs, got {sorted(stages)}")
