@@ -4,7 +4,7 @@ schedule: ``Schedule1F1B`` (synchronous) or ``Schedule2BW`` / ``SchedulePipeDrea
 The same configuration as ``delaylab.llm.run.trainer`` (the simulator) and the project's own pipeline
 engine: the stage module (:class:`delaylab.llm.pipeline.stages.Stage`, built from the seeded full
 model), the data (microbatch ``n`` is ``dataset.batch(n, ...)``), the optimizer (EF as the engine
-applies it on a stage: ``Delayed(delay=0, correction="ef", ef_lag=tau)``), the LR of update ``k``
+applies it on a stage: ``Delayed(delay=0, corrections=[ErrorFeedback(lag=tau)])``), the LR of update ``k``
 (``lr_factor(k)``) and the loss scaling (``loss / M``, ``scale_grads=False``). What differs is
 only whose schedule runs the microbatches, which is what the equivalence tests and the
 throughput benchmark compare.

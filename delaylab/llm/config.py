@@ -291,6 +291,15 @@ class Config:
         ns = {"ns_dtype": o.muon_ns_dtype} if o.optimizer in ("muon", "lmo") else {}
         return dict(lr=self.resolved_lr(), momentum=o.momentum, weight_decay=o.weight_decay, **ns)
 
+    def correctors(self) -> list:
+        """The run's delay correctors as objects (``--correction`` in the registry's order), each
+        configured from the delay section's fields its class declares (``Corrector.keywords``):
+        made here, once, and handed to ``Delayed``."""
+        names, d = corrections.parse(self.delay.correction), self.delay
+        known = {f.name for f in fields(DelayConfig)}
+        return corrections.build(names, **{kw: getattr(d, kw) for n in names
+                                           for kw in corrections.CORRECTORS[n].factory.keywords if kw in known})
+
     def ns_dtype(self) -> str | None:
         """The Newton-Schulz dtype this run computes in (``auto`` resolved on its device); None
         without Newton-Schulz."""

@@ -177,3 +177,12 @@ def test_resolving_reads_nothing_from_the_host_and_setup_checks_the_host_and_the
             check_engine(cfg, engine, gpus)
     check_engine(Config.from_dict(device="cuda").resolved(), "simulator", gpus=1)
 
+
+def test_the_config_makes_its_correctors_once_as_objects():
+    """``Config.correctors()``: the named correctors, in the registry's order, each configured from
+    the delay section's fields it declares; the others' fields do not reach it."""
+    cfg = Config.from_dict(delay=1, correction="damp,ef", damping=0.5, ef_dtype="bfloat16",
+                           dc_lambda=0.3).resolved()
+    made = cfg.correctors()
+    assert [(c.name, c.hyper()) for c in made] == [("ef", {"dtype": "bfloat16", "lags": []}), ("damp", {"c": 0.5})]
+    assert Config.from_dict().resolved().correctors() == []

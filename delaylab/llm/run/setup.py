@@ -235,8 +235,5 @@ def build_delayed_optimizer(model: GPT, cfg: Config):
             per_group += [tau] * len(opt.param_groups)
         inner = CombinedOptimizer(parts)
     d = cfg.delay
-    return Delayed(
-        inner, delay=cfg.delay_distribution() or per_group, corrections=d.correction, dc_lambda=d.dc_lambda, dc_lambda0=d.dc_lambda0,
-        dc_ms_decay=d.dc_ms_decay, lookahead_momentum=d.lookahead_momentum, damping=d.damping, ef_dtype=d.ef_dtype,
-        sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps,
-    )
+    return Delayed(inner, delay=cfg.delay_distribution() or per_group, corrections=cfg.correctors(),
+                   sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps)
