@@ -1,7 +1,7 @@
 """Step-time and memory overhead of the Delayed wrapper (a benchmark, not a test).
 
 For a set of matrices of about 10M parameters, times ``inner.step()`` against
-``Delayed(inner).step()`` and ``Delayed(inner, correction="ef").step()`` for AdamW and Muon.
+``Delayed(inner).step()`` and ``Delayed(inner, corrections="ef").step()`` for AdamW and Muon.
 The variants are measured alternately, one step each per round, so machine noise hits them
 alike; the figures are medians over rounds. Targets: Delayed <= 1.05x the inner step, EF <= 1.5x,
 EF's extra memory held across steps <= one parameter copy. EF is timed twice: on the path it
@@ -76,8 +76,8 @@ def measure(name: str, shapes, rounds: int) -> dict:
         "inner": lambda ps: build_optimizer(name, ps),
         "delayed": lambda ps: Delayed(build_optimizer(name, ps), delay=1),
         "by-reference": lambda ps: _by_reference(Delayed(build_optimizer(name, ps), delay=1)),
-        "delayed+ef": lambda ps: Delayed(build_optimizer(name, ps), delay=1, correction="ef"),
-        "ef-whole-model": lambda ps: _whole_model(Delayed(build_optimizer(name, ps), delay=1, correction="ef")),
+        "delayed+ef": lambda ps: Delayed(build_optimizer(name, ps), delay=1, corrections="ef"),
+        "ef-whole-model": lambda ps: _whole_model(Delayed(build_optimizer(name, ps), delay=1, corrections="ef")),
     }
     params = {k: _params(shapes) for k in variants}
     opts = {k: make(params[k]) for k, make in variants.items()}

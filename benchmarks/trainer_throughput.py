@@ -47,7 +47,7 @@ class BareLoop:
 
     def __init__(self, cfg: Config, data, device: torch.device):
         torch.manual_seed(cfg.seed)
-        self.model = GPT(cfg.model_config(data.vocab_size)).to(device)
+        self.model = GPT(cfg.model_config(data.vocab_size), cfg.data.grad_accum).to(device)
         if cfg.run.compile:
             compile_blocks(self.model)
         self.opt = build_optimizer(cfg.optimizer, self.model, lr=cfg.resolved_lr())

@@ -26,6 +26,7 @@ def cmd_train(args) -> int:
     from delaylab.llm.distributed.launch import as_rank
     from delaylab.llm.distributed.world import under_launcher
     from delaylab.llm.run.folder import require_folder
+    from delaylab.llm.run.setup import resolve
     from delaylab.llm.run.trainer import train, train_replicas
 
     if args.resume:
@@ -37,7 +38,7 @@ def cmd_train(args) -> int:
         raise UsageError("give --out DIR (or --resume DIR)")
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
-    cfg = cfg.resolved("simulator")
+    cfg = resolve(cfg, "simulator")
     if cfg.parallel.dp > 1 and not under_launcher():  # start the D replicas ourselves
         summary = train_replicas(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
     else:  # one process, or this replica under torchrun (they all see the same loss: a NaN stops each)
@@ -165,7 +166,9 @@ def cmd_advise(args) -> int:
     cfg = config_from_args(args).replace(stages=args.stages or 4)
     if args.forward is not None and args.n_layer is None:  # given costs: no model is built
         cfg = cfg.replace(n_layer=cfg.parallel.stages)
-    cfg = cfg.resolved("pipeline")
+    from delaylab.llm.run.setup import resolve
+
+    cfg = resolve(cfg, "pipeline")
     P, M = cfg.parallel.stages, cfg.data.grad_accum
     for name in ("forward", "backward", "weight_grad", "update", "send", "overhead", "pipedream_overhead"):
         v = getattr(args, name)

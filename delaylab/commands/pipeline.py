@@ -44,14 +44,14 @@ def cmd_pipeline(args) -> int:
     from delaylab.llm.distributed.world import check_world, under_launcher
     from delaylab.llm.run.folder import require_folder
     from delaylab.llm.run.rank import run_rank, train_pipeline
-    from delaylab.llm.run.setup import check_folder
+    from delaylab.llm.run.setup import check_folder, resolve
 
     if args.resume:
         reject_changes_on_resume(args, args.resume)
         folder, cfg = Path(args.resume), config_from_args(args, require_folder(args.resume))
     else:
         folder, cfg = (Path(args.out) if args.out else None), config_from_args(args)
-    cfg = cfg.resolved("pipeline")  # bad configuration: exit 2 here, before any process group exists
+    cfg = resolve(cfg, "pipeline")  # bad configuration: exit 2 here, before any process group exists
     if args.show_schedule:
         return _show_schedule(cfg)
     if folder is None:

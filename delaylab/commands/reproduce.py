@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from delaylab.commands._common import add_json_flag, emit, positive_int
 from delaylab.commands._config_flags import add_config_flags, given_fields
+from delaylab.reproduce.presets import PRESETS
 
-PRESET_NAMES = ("cpu-small", "cpu-quick", "cpu-tokens", "cpu-delays", "ci", "ci-delays")  # listed for --help; delaylab.reproduce.presets validates
 # Config fields a user may set for every GPT run of a report; the rest are what the findings vary.
 RUN_OVERRIDES = ("data", "tokenizer", "vocab_size", "text_field", "val_fraction", "device", "log")
 
@@ -24,7 +24,7 @@ def register(sub) -> None:
                     "Ctrl-C stop the running runs at a checkpoint and exit 75.",
     )
     p.add_argument("--preset", default="cpu-small",
-                   help=f"grid: {', '.join(PRESET_NAMES)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
+                   help=f"grid: {', '.join(PRESETS)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
                         "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-delays: the delay axis; each within 90 "
                         "min on 2 CPU cores; ci, ci-delays: seconds)")
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")

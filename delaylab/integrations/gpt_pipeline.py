@@ -4,7 +4,7 @@ schedule: ``Schedule1F1B`` (synchronous) or ``Schedule2BW`` / ``SchedulePipeDrea
 The same configuration as ``delaylab.llm.run.trainer`` (the simulator) and the project's own pipeline
 engine: the stage module (:class:`delaylab.llm.pipeline.stages.Stage`, built from the seeded full
 model), the data (microbatch ``n`` is ``dataset.batch(n, ...)``), the optimizer (EF as the engine
-applies it on a stage: ``Delayed(delay=0, correction="ef", ef_lag=tau)``), the LR of update ``k``
+applies it on a stage: ``Delayed(delay=0, corrections=[ErrorFeedback(lag=tau)])``), the LR of update ``k``
 (``lr_factor(k)``) and the loss scaling (``loss / M``, ``scale_grads=False``). What differs is
 only whose schedule runs the microbatches, which is what the equivalence tests and the
 throughput benchmark compare.
@@ -42,10 +42,11 @@ class StageRun:
     def __init__(self, cfg: Config, schedule: str, group=None, microbatches: bool = False):
         from torch.distributed.pipelining import PipelineStage
 
-        from delaylab.llm.run.setup import load_data, optimizer_factory
+        from delaylab.llm.pipeline.stages import optimizer_factory
+        from delaylab.llm.run.setup import load_data, resolve
         from delaylab.llm.pipeline.stages import Stage
 
-        self.cfg = cfg = cfg.resolved("pipeline")
+        self.cfg = cfg = resolve(cfg, "pipeline")
         P, M = cfg.parallel.stages, cfg.data.grad_accum
         s = dist.get_rank(group)
         self.data = load_data(cfg)
@@ -54,7 +55,7 @@ class StageRun:
             raise ValueError("tied embeddings need a gradient exchange between the first and last stage; "
                              "use tie_embeddings=False")
         torch.manual_seed(cfg.run.seed)  # every rank builds the same full model: the trainer's init
-        self.module = Stage(GPT(model_cfg), s, P).to(dtype=cfg.torch_dtype())
+        self.module = Stage(GPT(model_cfg, M), s, P).to(dtype=cfg.torch_dtype())
         self.stage_index, self.P, self.M, self.block = s, P, M, model_cfg.block_size
         self.pipeline = schedule_class(schedule)(
             PipelineStage(self.module, s, P, torch.device("cpu"), group=group), M,
@@ -128,9 +129,9 @@ def run_torch_schedule(jobs: list[tuple], timeout: float = 120) -> list[dict]:
     state dict). Returns the last stage's ``{"updates", "losses", "wall_s", "batch_ends", "cpu_s"
     (every rank's), "machine_busy_s"}`` per job."""
     from delaylab.llm.distributed.launch import launch
-    from delaylab.llm.run.setup import load_data
+    from delaylab.llm.run.setup import load_data, resolve
 
-    jobs = [(cfg.resolved("pipeline"), name, Path(folder), bool(rest and rest[0])) for cfg, name, folder, *rest in jobs]
+    jobs = [(resolve(cfg, "pipeline"), name, Path(folder), bool(rest and rest[0])) for cfg, name, folder, *rest in jobs]
     stages = {cfg.parallel.stages for cfg, *_ in jobs}
     if len(stages) != 1:
         raise ValueError(f"one stage count for all jobs, got {sorted(stages)}")

@@ -9,18 +9,21 @@ names a field as well as the nested one does, and the command-line flags are the
 The simulator (``delaylab llm train``) and the pipeline engine (``delaylab llm pipeline``) run
 the same config; :meth:`Config.resolved` fills what one of them leaves open (the delay from the
 pipeline schedule or the schedule from the delay, the stage count, the microbatch count) and
-validates everything, once. The same flags then give the same run.
+validates everything, once. The same flags then give the same run. Resolving reads nothing from
+where it runs: the launcher passes the world size in, and what depends on the host or on an engine
+(GPU counts, a schedule's microbatch rule, FSDP2 and the optimizer) is checked by
+:func:`delaylab.llm.run.setup.resolve`, beside the engines.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from delaylab.errors import ConfigError
+from delaylab.llm.model_config import PRESETS, preset
 from delaylab.optim import corrections
 
 ENGINES = ("simulator", "pipeline")
@@ -44,8 +47,7 @@ def _f(default: Any, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    preset: str = _f("tiny", "model size: tiny, small, medium, 135m, 360m",
-                     choices=("tiny", "small", "medium", "135m", "360m"))
+    preset: str = _f("tiny", f"model size: {', '.join(PRESETS)}", choices=tuple(PRESETS))
     n_layer: int | None = _f(None, "transformer blocks (default: the preset's)", range="[1, inf)")
     mlp: str | None = _f(None, "gelu or swiglu (default: the preset's)", choices=("gelu", "swiglu"))
     tie_embeddings: bool | None = _f(None, "share the embedding and lm_head matrix (default: the preset's)")
@@ -220,7 +222,7 @@ class Config:
         """Fields of ``other`` (a saved config, nested or flat) that would change this run."""
         theirs = Config.from_dict(other)
         if self.is_resolved:  # compare like with like: both with every open choice filled
-            theirs = theirs.resolved(self._resolved_for)
+            theirs = theirs.resolved(self._resolved_for, self._world_size)
         mine, theirs = self.flat(), theirs.flat()
         return [f"{k}={mine[k]!r} vs {theirs[k]!r}" for k in mine
                 if k not in RESUMABLE_CHANGES and mine[k] != theirs[k]]
@@ -230,18 +232,21 @@ class Config:
     def is_resolved(self) -> bool:
         return getattr(self, "_resolved_for", None) is not None
 
-    def resolved(self, engine: str = "simulator") -> "Config":
-        """A checked copy with every open choice filled for ``engine``; a resolved config
-        returns itself (validation runs once). Raises :class:`ConfigError` (one line)."""
+    def resolved(self, engine: str = "simulator", world_size: int = 1) -> "Config":
+        """A checked copy with every open choice filled for ``engine`` in a world of ``world_size``
+        processes (the default ``dp`` is ``world_size / P``); a resolved config returns itself
+        (validation runs once). Raises :class:`ConfigError` (one line). A pure function of the
+        config: the launcher gives the world size, and :func:`delaylab.llm.run.setup.resolve` adds
+        the checks of the host and the engines."""
         if engine not in ENGINES:
             raise ConfigError(f"unknown engine {engine!r}")
         if getattr(self, "_resolved_for", None) == engine:
             return self
         cfg = Config.from_dict(self.flat())
         _check_ranges(cfg)
-        _resolve_parallel(cfg, engine)
+        _resolve_parallel(cfg, engine, world_size)
         _check_combinations(cfg, engine)
-        cfg._resolved_for = engine
+        cfg._resolved_for, cfg._world_size = engine, world_size
         return cfg
 
     # -- derived values (of a resolved config) -------------------------------------------------
@@ -267,12 +272,9 @@ class Config:
         return "delayed" if self.delayed else "sync"
 
     def model_config(self, vocab_size: int):
-        from delaylab.llm.model import preset
-
         m = self.model
         moe = ("moe_experts", "moe_top_k", "moe_capacity_factor", "moe_aux_loss_coef")
-        over = {"vocab_size": vocab_size, "dropout": m.dropout, **{name: getattr(m, name) for name in moe},
-                "grad_accum": self.data.grad_accum or 1}  # the aux loss's gradient takes the LM loss's 1/M
+        over = {"vocab_size": vocab_size, "dropout": m.dropout, **{name: getattr(m, name) for name in moe}}
         for name in ("n_layer", "mlp", "tie_embeddings", "block_size", "mlp_hidden"):
             if getattr(m, name) is not None:
                 over[name] = getattr(m, name)
@@ -288,6 +290,15 @@ class Config:
         o = self.optim
         ns = {"ns_dtype": o.muon_ns_dtype} if o.optimizer in ("muon", "lmo") else {}
         return dict(lr=self.resolved_lr(), momentum=o.momentum, weight_decay=o.weight_decay, **ns)
+
+    def correctors(self) -> list:
+        """The run's delay correctors as objects (``--correction`` in the registry's order), each
+        configured from the delay section's fields its class declares (``Corrector.keywords``):
+        made here, once, and handed to ``Delayed``."""
+        names, d = corrections.parse(self.delay.correction), self.delay
+        known = {f.name for f in fields(DelayConfig)}
+        return corrections.build(names, **{kw: getattr(d, kw) for n in names
+                                           for kw in corrections.CORRECTORS[n].factory.keywords if kw in known})
 
     def ns_dtype(self) -> str | None:
         """The Newton-Schulz dtype this run computes in (``auto`` resolved on its device); None
@@ -420,7 +431,7 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(str(err)) from None
 
 
-def _resolve_parallel(cfg: Config, engine: str) -> None:
+def _resolve_parallel(cfg: Config, engine: str, world_size: int) -> None:
     """Fill schedule, delay, stages and grad_accum: one place for how they determine each other."""
     from delaylab.llm.pipeline.schedules import schedule_delays
 
@@ -454,8 +465,7 @@ def _resolve_parallel(cfg: Config, engine: str) -> None:
         par.stages = len(given) if isinstance(given, list) else par.stages
     par.schedule = schedule
     if par.dp is None:  # under torchrun the world is P x D (P = 1 for the simulator)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        par.dp = max(1, world // (par.stages if engine == "pipeline" else 1))
+        par.dp = max(1, world_size // (par.stages if engine == "pipeline" else 1))
     if cfg.data.batch_size % par.dp:
         raise ConfigError(f"batch_size {cfg.data.batch_size} does not split over {par.dp} data-parallel "
                           f"replicas: give a multiple of {par.dp}")
@@ -463,14 +473,7 @@ def _resolve_parallel(cfg: Config, engine: str) -> None:
         cfg.data.grad_accum = 1 if schedule in (None, "pipedream") else max(4, stages - 1)
 
 
-# Devices delaylab runs on; mps, xpu, ... are devices torch knows and delaylab does not. The tests
-# add "meta" (where any host read raises) to show that a training call holds no host sync.
-DEVICE_KINDS = ("cpu", "cuda")
-
-
 def _check_combinations(cfg: Config, engine: str) -> None:
-    import torch
-
     dl, par = cfg.delay, cfg.parallel
     dl.correction = corrections.canonical(dl.correction)  # checks the names and the combination
     if not set(corrections.parse(dl.correction)) <= set(CORRECTIONS_BY_ENGINE[engine]):
@@ -490,10 +493,6 @@ def _check_combinations(cfg: Config, engine: str) -> None:
     stages = par.stages or 1
     if stages > model.n_layer:
         raise ConfigError(f"{stages} stages but the model has only {model.n_layer} layers (use --n-layer)")
-    if par.schedule is not None:  # the simulator of a schedule accepts what its pipeline accepts
-        from delaylab.llm.pipeline.schedules import check_config
-
-        check_config(par.schedule.removeprefix("torch-"), stages, cfg.data.grad_accum, model.n_layer)
     if len(cfg.delays) > 1 and model.tie_embeddings:
         raise ConfigError("per-stage delays need untied embeddings (--tie-embeddings false): "
                           "the tied matrix would have two delays")
@@ -512,31 +511,6 @@ def _check_combinations(cfg: Config, engine: str) -> None:
         if par.dp_shard:
             raise ConfigError("--dp-shard (FSDP2) is for `delaylab llm train`: the pipeline replicates each stage "
                               "(FSDP2 is not wired into its weight versions)")
-    from delaylab.llm.distributed.wrap import check_shardable
-
-    check_shardable(cfg)  # FSDP2 and the optimizer: refused here, before any replica starts
-    # One GPU per rank on this node: all P x D ranks when delaylab starts them, torchrun's
-    # per-node count (LOCAL_WORLD_SIZE) when it does.
-    ranks = (stages if engine == "pipeline" else 1) * par.dp
-    here = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
-    dev, gpus = cfg.run.device, torch.cuda.device_count()
-    if dev != "auto" and dev != "cpu":
-        try:
-            kind = torch.device(dev).type
-        except RuntimeError:
-            kind = None
-        if kind not in DEVICE_KINDS:
-            raise ConfigError(f"unknown device {dev!r} (auto, cpu, cuda, cuda:1, ...)")
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device {dev!r} asked for, but this torch has no CUDA device "
-                              f"(torch {torch.__version__}); use --device cpu or auto")
-        need = here if ranks > 1 else (torch.device(dev).index or 0) + 1
-        if kind == "cuda" and gpus < need:
-            raise ConfigError(f"{need} GPUs needed on this node (one per rank), found {gpus} (or use --device cpu)")
-    elif dev == "auto" and ranks > 1 and 0 < gpus < here:
-        raise ConfigError(f"{here} ranks on this node need {here} GPUs, found {gpus} (or use --device cpu)")
-    if cfg.model.dtype == "float64" and (dev.startswith("cuda") or dev == "auto" and torch.cuda.is_available()):
-        raise ConfigError("--dtype float64 is for equivalence checks on the CPU: add --device cpu")
 
 
 def lr_factor(k: int, cfg: Config) -> float:

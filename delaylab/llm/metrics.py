@@ -1,7 +1,8 @@
 """Metrics of delayed training read from ``metrics.jsonl`` records, and the statistics over seeds.
 
 Pure functions on plain dicts (``{"step", "tokens", "lr", "train_loss", "val_loss"?}``, one per
-logged update, as :mod:`delaylab.llm.train` writes them); nothing here needs torch.
+logged update, as both engines write them through :class:`delaylab.llm.run.folder.TrainFolder`);
+nothing here needs torch.
 
 Definitions (each function's docstring says the details):
 

@@ -37,6 +37,7 @@ from delaylab.llm import metrics
 from delaylab.llm.checkpoint import ROOT, latest_complete
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
 from delaylab.run_folder import METRICS
+from delaylab.llm.run.setup import resolve
 from delaylab.llm.run.trainer import train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1). A corrector
@@ -64,8 +65,9 @@ class Cell:
         delayed, correction = SWEEP_MODES[self.mode]
         dist = base.delay.delay_dist if delayed else None  # a delayed mode keeps the base's --delay-dist
         delay = 0 if dist is not None or not delayed else (base.delay.delay or 1)
-        return base.replace(optimizer=self.optimizer, delay=delay, delay_dist=dist, correction=correction,
-                            lr=self.lr, momentum=self.momentum, seed=self.seed).resolved("simulator")
+        cfg = base.replace(optimizer=self.optimizer, delay=delay, delay_dist=dist, correction=correction,
+                            lr=self.lr, momentum=self.momentum, seed=self.seed)
+        return resolve(cfg, "simulator")
 
 
 def plan(base: Config, optimizers, modes, lrs=None, momenta=None, seeds=1) -> list[Cell]:
@@ -79,7 +81,7 @@ def plan(base: Config, optimizers, modes, lrs=None, momenta=None, seeds=1) -> li
         raise ConfigError("a sweep needs at least one optimizer, mode and seed")
     cells = []
     for opt in optimizers:
-        base.replace(optimizer=opt).resolved()  # unknown optimizer: fail before running anything
+        resolve(base.replace(optimizer=opt), "simulator")  # unknown optimizer: fail before running anything
         grid = lrs.get(opt) if isinstance(lrs, dict) else lrs
         for lr in grid or [base.replace(optimizer=opt, lr=None).resolved_lr()]:
             for mom in (momenta.get(opt) if isinstance(momenta, dict) else momenta) or [None]:
@@ -278,7 +280,7 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
 def sweep(base: Config, out, optimizers, modes=("sync", "delayed", "ef"), lrs=None,
           momenta=None, seeds=1, jobs: int = 1, progress: bool | None = None) -> dict:
     """Run the grid (``jobs`` cells at a time, one thread each when ``jobs > 1``) and return gaps.json."""
-    base.resolved()
+    resolve(base, "simulator")
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     cells = plan(base, optimizers, modes, lrs, momenta, seeds)

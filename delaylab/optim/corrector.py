@@ -38,8 +38,8 @@ class Update(NamedTuple):
 class Corrector:
     name: ClassVar[str] = ""  # its registry name
     keys: ClassVar[tuple[str, ...]] = ()  # what it keeps in ``state[p]`` across steps
-    # Delayed's keyword -> this class's constructor parameter: the call form before correctors
-    # were objects (``Delayed(inner, 1, "damp", damping=0.5)``) and the config's field names.
+    # The config's field name -> this class's constructor parameter: how the run config makes the
+    # corrector (``Config.correctors``), and the deprecated ``delayed.with_keywords`` adapter.
     keywords: ClassVar[dict[str, str]] = {}
     group_options: ClassVar[tuple[str, ...]] = ()  # keywords it reads in ``add_param_group``
     # Whether its before/after hooks are worth stepping the inner one parameter at a time for

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Sequence
@@ -18,8 +19,8 @@ from delaylab.optim.corrector import Corrector, Update, overrides
 from delaylab.optim.queue import DelayDistribution, DelayQueue, check_count, common, per_group
 
 # The fields of a state_dict saved before correctors were objects that configure them, and the
-# Delayed keyword each one was.
-_OLD_KEYWORDS = {"dc_lambda": "dc_lambda", "ef_dtype": "ef_dtype", "ef_lags": "ef_lag"}
+# corrector keyword each one was (read by upgrade_state_dict alone).
+_OLD_FIELDS = {"dc_lambda": "dc_lambda", "ef_dtype": "ef_dtype", "ef_lags": "ef_lag"}
 
 
 class Delayed(Optimizer):
@@ -61,12 +62,11 @@ class Delayed(Optimizer):
     "damp"]``), a comma string (``"ef,damp"``) or corrector objects (``ErrorFeedback(dtype=
     "bfloat16")``, ``LrDamping(0.5)``); ``"none"`` is the empty list. The names, the valid lists
     (at most one corrector per target: gradient, update, lr) and the formulas are in
-    :mod:`delaylab.optim.corrections` and docs/correctors.md. ``correction=`` is the same
-    argument under its former name, and ``keywords`` configure named correctors by the names
-    the config uses: ``dc_lambda``, ``dc_lambda0``, ``dc_ms_decay``, ``lookahead_momentum``,
-    ``damping``, ``ef_dtype``, ``ef_lag`` (each corrector class declares its own; one given for
-    a corrector not in the list is checked, then unused). Each corrector holds its own
-    configuration; what it keeps per parameter lives in :attr:`state`, so it is saved, loaded
+    :mod:`delaylab.optim.corrections` and docs/correctors.md. A name is its corrector at its
+    defaults; configure one by passing the object (the run config makes them once:
+    :meth:`delaylab.llm.config.Config.correctors`). The former keywords (``correction=``,
+    ``ef_dtype=``, ``damping=``, ...) go through :func:`with_keywords`, deprecated. Each corrector
+    holds its own configuration; what it keeps per parameter lives in :attr:`state`, so it is saved, loaded
     and re-targeted with the optimizer, and :meth:`corrector_bytes` counts it.
 
     **Order.** On each call the correctors act at four fixed points, whatever the order of the
@@ -113,24 +113,18 @@ class Delayed(Optimizer):
         delay: int | Sequence[int] = 1,
         corrections: str | Sequence[str | Corrector] = (),
         *,
-        correction: str | Sequence[str | Corrector] | None = None,
         sync_start: int = 0,
         sync_cooldown: int = 0,
         total_steps: int | None = None,
-        **keywords,
     ):
         if not isinstance(inner, Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
-        if correction is not None:
-            if corrections:
-                raise ConfigError("give corrections= or its former name correction=, not both")
-            corrections = correction
         self.dist = delay if isinstance(delay, DelayDistribution) else None
         n = len(inner.param_groups)
         # A distribution keeps weight versions, not a queue: the queue's delays are 0, and the
         # correctors are bound to the mean (EF's lag).
         delays = [0] * n if self.dist is not None else per_group(delay, n, "delay")
-        self.correctors: list[Corrector] = [copy.copy(c) for c in build(corrections or (), **keywords)]
+        self.correctors: list[Corrector] = [copy.copy(c) for c in build(corrections or ())]
         queued = [c for c in self.correctors if overrides(c, "on_push", "on_pop", "on_drop")]
         if self.dist is not None and queued:
             raise ConfigError(f"correction {queued[0].name} keeps weights beside queued gradients: it is not "
@@ -456,7 +450,10 @@ class Delayed(Optimizer):
             inner_sd, ours = state_dict["inner"], state_dict["delayed"]
         except (KeyError, TypeError):
             raise ConfigError("not a Delayed state_dict (expected keys 'inner' and 'delayed')") from None
-        saved = {k: ours.get(k) for k in self._config()} if "corrections" in ours else _config_of_old(ours)
+        if "corrections" not in ours:
+            raise ConfigError("a Delayed state_dict of the one-correction format (saved before correctors were "
+                              "objects): load upgrade_state_dict(state_dict)")
+        saved = {k: ours.get(k) for k in self._config()}
         if saved != self._config():
             raise ConfigError(f"state_dict was saved with {saved}, but this wrapper has {self._config()}")
         self.inner.load_state_dict(inner_sd)
@@ -487,12 +484,36 @@ class Delayed(Optimizer):
         self.__dict__.update(state)
 
 
-def _config_of_old(ours: dict) -> dict:
-    """The configuration in a state_dict saved with one ``correction`` name (before correctors
-    were objects): its correctors built as that version's constructor would have built them."""
-    keywords = {**{new: ours.get(old) for old, new in _OLD_KEYWORDS.items()}, **ours.get("hyper", {})}
+def with_keywords(inner: Optimizer, delay=1, corrections=(), *, correction=None, sync_start: int = 0,
+                  sync_cooldown: int = 0, total_steps: int | None = None, **keywords) -> Delayed:
+    """Deprecated: ``Delayed`` as it was called before correctors were objects: the corrections
+    under their former name ``correction=`` and each corrector's configuration as a keyword of the
+    wrapper (``dc_lambda``, ``dc_lambda0``, ``dc_ms_decay``, ``lookahead_momentum``, ``damping``,
+    ``ef_dtype``, ``ef_lag``; :data:`delaylab.optim.corrector.Corrector.keywords`). The same
+    optimizer as ``Delayed(inner, delay, [the corrector objects], ...)``."""
+    warnings.warn("Delayed's correction= and corrector keywords (ef_dtype=, damping=, ...) are deprecated: pass "
+                  "corrector objects, e.g. Delayed(inner, 1, [ErrorFeedback(dtype='bfloat16')])",
+                  DeprecationWarning, stacklevel=2)
+    if correction is not None:
+        if corrections:
+            raise ConfigError("give corrections= or its former name correction=, not both")
+        corrections = correction
+    return Delayed(inner, delay, build(corrections or (), **keywords), sync_start=sync_start,
+                   sync_cooldown=sync_cooldown, total_steps=total_steps)
+
+
+def upgrade_state_dict(state_dict: dict) -> dict:
+    """Deprecated: a Delayed state_dict saved with one ``correction`` name (before correctors were
+    objects) in today's format, its correctors configured as that version's constructor built them;
+    a state_dict of today's format is returned as it is."""
+    ours = state_dict["delayed"]
+    if "corrections" in ours:
+        return state_dict
+    warnings.warn("a Delayed state_dict of the one-correction format: save it again to drop this conversion",
+                  DeprecationWarning, stacklevel=2)
+    keywords = {**{new: ours.get(old) for old, new in _OLD_FIELDS.items()}, **ours.get("hyper", {})}
     correctors = build(ours["correction"], **keywords)
     for c in correctors:
         c.bind(list(ours["delays"]))
-    return {"delays": ours["delays"], "delay_dist": None, "corrections": {c.name: c.hyper() for c in correctors},
-            **{k: ours[k] for k in ("sync_start", "sync_cooldown", "total_steps")}}
+    kept = {k: v for k, v in ours.items() if k not in ("correction", "hyper", *_OLD_FIELDS)}
+    return {**state_dict, "delayed": {**kept, "delay_dist": None, "corrections": {c.name: c.hyper() for c in correctors}}}

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from delaylab.errors import ConfigError
-from delaylab.optim import CombinedOptimizer, Delayed, LMOMomentum, primal_norm
+from delaylab.optim import CombinedOptimizer, Delayed, LMOMomentum, corrections, primal_norm
 from delaylab.optim.lmo import dual_norm
 from delaylab.toy.problems import Problem
 
@@ -166,7 +166,8 @@ def run(
     blocks = len(delays)
     params = [b.clone() for b in torch.tensor_split(x0, blocks, dim=1)] if blocks > 1 else [x0]
     extra = {} if dc_lambda is None else {"dc_lambda": dc_lambda}
-    opt = Delayed(_inner(m, params, lr, beta), delay=delays, correction=correction, total_steps=steps, **extra)
+    opt = Delayed(_inner(m, params, lr, beta), delay=delays, corrections=corrections.build(correction, **extra),
+                  total_steps=steps)
     if directions is None:
         directions = correction == "ef"
     track = m.norm if directions and blocks == 1 else None
@@ -265,7 +266,7 @@ def run_optimizer(
         for g in inner.param_groups:
             g["lr"] = lr
     lr = scale_lr(inner, lr_scale)
-    opt = Delayed(inner, delay=int(delay), correction=correction, total_steps=steps)
+    opt = Delayed(inner, delay=int(delay), corrections=correction, total_steps=steps)
     # All groups share one delay, so they update together: one unit, the stacked seeds.
     layout = _Layout(
         params=params,

@@ -22,5 +22,5 @@ def test_my_optimizer_is_delay_robust():
 
 
 def test_my_optimizer_with_error_feedback():
-    # EF (delaylab.optim.Delayed(..., correction="ef")) should close most of the gap.
+    # EF (delaylab.optim.Delayed(..., corrections="ef")) should close most of the gap.
     assert_delay_robust(make_optimizer, max_cost=1.1, corrections=("ef",), at=("best",), problems=("logdet",))

@@ -100,7 +100,7 @@ def assert_same_weights(a: nn.Module, b: nn.Module):
 def test_steps_equal_plain_delayed_bit_for_bit_with_ef_and_the_lr_per_update():
     m, r = model(), model()
     opt, lrs = container(m, delay=1, correction="ef")
-    for t, lam in lockstep(opt, lrs, m, reference(r, 1, correction="ef"), r):
+    for t, lam in lockstep(opt, lrs, m, reference(r, 1, corrections="ef"), r):
         d = opt.optimizers[0]
         # One advance per update: the fill call (t = 0) leaves the schedule where it was.
         assert d.num_updates == t and lrs.schedulers[0].last_epoch == t
@@ -141,7 +141,7 @@ def test_init_optim_state_leaves_the_queue_empty_and_the_run_unchanged():
     assert d.queue.queued == [0] and not any("queue" in st for st in d.state.values())
     assert "state.layers.0.weight.exp_avg" in flat  # the inner state, materialized for DCP
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
-    for _ in lockstep(opt, lrs, m, reference(r, 1, correction="ef"), r):
+    for _ in lockstep(opt, lrs, m, reference(r, 1, corrections="ef"), r):
         pass  # the placeholder state is dropped before the first update
     assert_same_weights(m, r)
 

@@ -85,7 +85,6 @@ def test_resolution_fills_what_the_engine_leaves_open(flat, engine, want):
     (dict(correction="ef", ef_dtype="bfloat16", delay=1), "pipeline", "simulator only"),
     (dict(correction="dc-asgd-a", dc_ms_decay=1.0, delay=1), "simulator", "dc_ms_decay"),
     (dict(correction="damp", damping=-1.0, delay=1), "simulator", "damping must be >= 0"),
-    (dict(dtype="float64", device="cuda"), "simulator", "CUDA"),
     (dict(delay=[1, 0], tie_embeddings=True), "simulator", "per-stage delays need untied"),
 ])
 def test_combinations_that_cannot_run_are_one_line_errors(flat, engine, match):
@@ -155,3 +154,35 @@ def test_lookahead_momentum_and_the_other_momenta_are_in_0_1():
     for name in ("momentum", "dc_ms_decay", "lookahead_momentum"):
         with pytest.raises(ConfigError, match=rf"{name} must be in \[0, 1\), got 1.5"):
             Config.from_dict(**{name: 1.5}).resolved()
+
+
+def test_resolving_reads_nothing_from_the_host_and_setup_checks_the_host_and_the_engines(monkeypatch):
+    """The world size is an argument (WORLD_SIZE does not reach Config.resolved); the checks of the
+    GPUs, a schedule's microbatches and FSDP2 are setup's, with the GPU count passed in."""
+    from delaylab.llm.run.setup import check_engine, resolve
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert Config.from_dict(batch_size=4).resolved("simulator").parallel.dp == 1
+    assert Config.from_dict(batch_size=4).resolved("simulator", world_size=4).parallel.dp == 4
+    assert resolve(Config.from_dict(batch_size=4, stages=2, device="cpu"), "pipeline").parallel.dp == 2
+    monkeypatch.delenv("WORLD_SIZE")
+    cases = [(dict(dtype="float64", device="cuda"), "simulator", 0, "CUDA"),
+             (dict(dtype="float64"), "simulator", 1, "float64 is for equivalence checks on the CPU"),
+             (dict(device="cuda:1"), "simulator", 1, "2 GPUs needed"),
+             (dict(stages=4, preset="small", grad_accum=2), "pipeline", 0, "needs microbatches >= stages - 1"),
+             (dict(dp=2, dp_shard=True, optimizer="muon", batch_size=4), "simulator", 0, "whole matrices")]
+    for flat, engine, gpus, match in cases:
+        cfg = Config.from_dict(flat).resolved(engine)  # the config alone accepts it
+        with pytest.raises(ConfigError, match=match):
+            check_engine(cfg, engine, gpus)
+    check_engine(Config.from_dict(device="cuda").resolved(), "simulator", gpus=1)
+
+
+def test_the_config_makes_its_correctors_once_as_objects():
+    """``Config.correctors()``: the named correctors, in the registry's order, each configured from
+    the delay section's fields it declares; the others' fields do not reach it."""
+    cfg = Config.from_dict(delay=1, correction="damp,ef", damping=0.5, ef_dtype="bfloat16",
+                           dc_lambda=0.3).resolved()
+    made = cfg.correctors()
+    assert [(c.name, c.hyper()) for c in made] == [("ef", {"dtype": "bfloat16", "lags": []}), ("damp", {"c": 0.5})]
+    assert Config.from_dict().resolved().correctors() == []

@@ -14,7 +14,7 @@ import torch
 
 from delaylab.errors import Diverged
 from delaylab.llm import checkpoint
-from delaylab.llm import config as config_module
+from delaylab.llm.run import setup as run_setup
 from delaylab.llm.model import GPT, Block
 from delaylab.llm.run import trainer as trainer_module
 from delaylab.llm.run.setup import checkpoint_at
@@ -44,7 +44,7 @@ def test_a_training_call_reads_nothing_from_the_device(quick, corpus, monkeypatc
 
     monkeypatch.setattr(trainer_module, "_value", lambda call: 1.0)
     monkeypatch.setattr(trainer_module, "mean", mean)
-    monkeypatch.setattr(config_module, "DEVICE_KINDS", ("cpu", "cuda", "meta"))
+    monkeypatch.setattr(run_setup, "DEVICE_KINDS", ("cpu", "cuda", "meta"))
     trainer = Trainer(quick(device="meta", **CASES[case]), corpus)
     trainer.dp, trainer.setup.mesh = 2, types.SimpleNamespace(dp_group=None)  # as a replica: the loss goes
     # through the (recording) mean

@@ -12,7 +12,7 @@ LLM = Path(delaylab.__file__).parent / "llm"
 
 RULES = {
     "": ("delaylab.commands", "delaylab.cli"),  # nothing under llm imports the command line
-    "pipeline": ("delaylab.llm.run.trainer",),  # the pipeline package imports nothing of the trainer
+    "pipeline": ("delaylab.llm.run",),  # the pipeline package imports nothing of the run stack above it
     "distributed": ("delaylab.llm.run", "delaylab.llm.pipeline"),  # the distributed layer is below both
 }
 

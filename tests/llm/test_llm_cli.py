@@ -86,6 +86,17 @@ def test_sweep_cli_prints_gaps_json(tmp_path, capsys):
                           "--lrs", "adamw=0.001,0.002", "--steps", "3", "--out", str(tmp_path / "sw"), "--json")
     assert code == 0
     gaps = json.loads(stdout)
-    assert gaps["best"]["adamw"]["lr"] in (0.001, 0.002) and len(gaps["grid"]) == 2
+    assert len(gaps["grid"]) == 2
+    # The best lr, recomputed from what the runs recorded: each sync cell's lr (config.json) and its
+    # last validation loss (metrics.jsonl).
+    final = {}
+    for cell in (tmp_path / "sw" / "cells").iterdir():
+        config = json.loads((cell / "config.json").read_text())
+        if config["delay"]["delay"] == 0:
+            lines = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
+            final[config["optim"]["lr"]] = [r["val_loss"] for r in lines if "val_loss" in r][-1]
+    assert sorted(final) == [0.001, 0.002] and len(set(final.values())) == 2
+    assert gaps["best"]["adamw"]["lr"] == min(final, key=final.get)
+    assert gaps["best"]["adamw"]["sync"]["mean"] == min(final.values())
     code, _, err = run(capsys, "llm", "sweep", "--lrs", "adamw=-1", "--out", str(tmp_path / "s2"))
     assert code == 2 and "must be > 0" in err

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from delaylab.errors import ConfigError
 from delaylab.llm.model import GPT, GPTConfig, PRESETS, lm_loss, preset
 
 
@@ -128,3 +129,35 @@ def test_bad_configs_raise_value_error():
         GPTConfig(d_model=130, n_head=4)
     with pytest.raises(ValueError, match="block_size"):
         tiny()(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_the_config_and_the_command_line_take_their_presets_from_the_one_list():
+    import argparse
+    import subprocess
+    import sys
+
+    from delaylab.commands.reproduce import register
+    from delaylab.llm.config import leaf_fields
+    from delaylab.reproduce.presets import PRESETS as REPRODUCE_PRESETS
+
+    assert leaf_fields()["preset"][1].metadata["choices"] == tuple(PRESETS)
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    help_text = sub.choices["reproduce"].format_help()
+    assert all(name in help_text for name in REPRODUCE_PRESETS)
+    # the list is plain data: the config reads it without loading torch
+    code = "import sys, delaylab.llm.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_grad_accum_is_the_runs_and_an_old_model_config_that_carries_it_still_reads():
+    """M (microbatches per update) is a training knob: the run passes it to GPT (the MoE aux loss
+    scale), the model config holds the shape alone; a model config saved with it reads without it."""
+    old = {**preset("tiny").to_dict(), "grad_accum": 4}
+    assert GPTConfig.from_dict(old) == preset("tiny") and "grad_accum" not in preset("tiny").to_dict()
+    moe = GPT(preset("tiny", moe_experts=2, moe_top_k=1), grad_accum=4)
+    assert {b.mlp.aux_scale for b in moe.blocks} == {0.01 / 4}
+    with pytest.raises(ConfigError, match="grad_accum"):
+        GPT(preset("tiny"), grad_accum=0)
+    with pytest.raises(ConfigError, match="unknown GPTConfig fields"):
+        GPTConfig.from_dict({**old, "n_layers": 2})

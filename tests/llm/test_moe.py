@@ -27,9 +27,9 @@ def moe_layer(E: int, k: int, capacity_factor: float = 4.0, coef: float = 0.01, 
               d: int = 8) -> MoE:
     """A float64 MoE layer with weights of std 0.5, so that the router's choices are clear-cut."""
     cfg = GPTConfig(n_layer=1, n_head=1, d_model=d, mlp_hidden=6, moe_experts=E, moe_top_k=k,
-                    moe_capacity_factor=capacity_factor, moe_aux_loss_coef=coef, grad_accum=grad_accum)
+                    moe_capacity_factor=capacity_factor, moe_aux_loss_coef=coef)
     torch.manual_seed(0)
-    layer = MoE(cfg).double()
+    layer = MoE(cfg, grad_accum).double()
     for p in layer.parameters():
         nn.init.normal_(p, std=0.5)
     return layer

@@ -198,8 +198,10 @@ def test_refuses_to_overwrite_or_resume_another_config(quick, corpus, tmp_path):
     (dict(device="cuda:7"), "no CUDA device|GPUs needed"),
 ])
 def test_bad_configs_are_config_errors(quick, bad, match):
+    from delaylab.llm.run.setup import resolve
+
     with pytest.raises(ConfigError, match=match):
-        quick(**bad).resolved()
+        resolve(quick(**bad), "simulator")
 
 
 def test_gradient_accumulation_averages_the_microbatch_gradients(quick, corpus):

@@ -10,6 +10,7 @@ import torch
 from torch.optim import lr_scheduler as lrs
 
 from delaylab.optim import OPTIMIZERS, CombinedOptimizer, Delayed, LMOMomentum, build_optimizer
+from delaylab.optim.corrections import build
 
 
 def _delayed(tau, correction):
@@ -169,7 +170,7 @@ def test_added_group_follows_the_delay_recursion(tau, correction):
     """A group added after 3 calls: y_{k+1} = y_k - u_k with u_k from the gradient at
     y_{max(0, k - tau)}, its own fill, and the wrapper's correction; checked by hand."""
     x = torch.zeros(2, dtype=torch.float64, requires_grad=True)
-    opt = Delayed(torch.optim.SGD([x], lr=LR), tau, correction, dc_lambda=LAM)
+    opt = Delayed(torch.optim.SGD([x], lr=LR), tau, build(correction, dc_lambda=LAM))
     for _ in range(3):
         x.grad = torch.ones(2, dtype=torch.float64)
         opt.step()

@@ -39,16 +39,26 @@ def test_an_invalid_list_is_a_one_line_config_error(spec, match):
     assert "\n" not in str(err.value)
 
 
-def test_keywords_and_objects_configure_each_corrector_once():
+def test_the_former_keywords_go_through_one_deprecated_adapter_and_configure_each_corrector_once():
     from delaylab.optim.damping import LrDamping
+    from delaylab.optim.delayed import with_keywords
+    from delaylab.optim.error_feedback import ErrorFeedback
 
     sgd = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
-    with pytest.raises(ConfigError, match="damp is given both as an object and by keywords"):
-        Delayed(sgd, 1, [LrDamping(0.5)], damping=0.25)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'dampng'"):
-        Delayed(sgd, 1, "damp", dampng=0.5)
-    with pytest.raises(ConfigError, match="not both"):
-        Delayed(sgd, 1, "ef", correction="damp")
+    for old in (dict(correction="ef,damp"), dict(ef_dtype="bfloat16"), dict(damping=0.5)):
+        with pytest.raises(TypeError, match="unexpected keyword"):  # the class takes objects alone
+            Delayed(sgd, 1, **old)
+    with pytest.warns(DeprecationWarning, match="corrector objects"):
+        opt = with_keywords(sgd, [2], correction="damp,ef", damping=0.5, ef_dtype="bfloat16", total_steps=9)
+    want = Delayed(sgd, [2], [ErrorFeedback(dtype="bfloat16"), LrDamping(0.5)], total_steps=9)
+    assert opt.state_dict()["delayed"] == want.state_dict()["delayed"] and opt.correction == "ef,damp"
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(ConfigError, match="damp is given both as an object and by keywords"):
+            with_keywords(sgd, 1, [LrDamping(0.5)], damping=0.25)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'dampng'"):
+            with_keywords(sgd, 1, "damp", dampng=0.5)
+        with pytest.raises(ConfigError, match="not both"):
+            with_keywords(sgd, 1, "ef", correction="damp")
 
 
 @pytest.mark.parametrize("argv,match", [

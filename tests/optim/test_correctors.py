@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from delaylab.errors import ConfigError
 from delaylab.optim import Delayed, build_optimizer
 from delaylab.optim.dc_asgd import EPS
+from delaylab.optim.corrections import build
+from delaylab.optim.delayed import upgrade_state_dict
+from delaylab.optim.error_feedback import ErrorFeedback
 
 D = 4
 A = np.array([[2.0, 0.5, 0.0, 0.3], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 1.0, 0.4], [0.3, 0.0, 0.4, 0.8]])
@@ -28,7 +32,8 @@ def grad(x, c):
 def drive(correction, tau, calls=CALLS, **kw):
     """SGD under Delayed on f_c; the iterate after each call."""
     x = torch.tensor(X0, requires_grad=True)
-    opt = Delayed(torch.optim.SGD([x], lr=LR), tau, correction, **kw)
+    phases = {k: kw.pop(k) for k in ("sync_start", "sync_cooldown", "total_steps") if k in kw}
+    opt = Delayed(torch.optim.SGD([x], lr=LR), tau, build(correction, **kw), **phases)
     out = []
     for c in range(calls):
         before = x.detach().clone()
@@ -141,7 +146,7 @@ def test_ef_bfloat16_per_parameter_path_equals_the_whole_model_path():
     def run(whole):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-        opt = Delayed(torch.optim.AdamW(model.parameters(), lr=0.01), 1, "ef", ef_dtype="bfloat16")
+        opt = Delayed(torch.optim.AdamW(model.parameters(), lr=0.01), 1, [ErrorFeedback(dtype="bfloat16")])
         if whole:
             opt._steps_per_param = lambda ef_lags: False
         gen = torch.Generator().manual_seed(1)
@@ -209,7 +214,7 @@ def test_corrector_bytes(correction):
 
 def test_ef_bfloat16_halves_the_ef_bytes():
     w = torch.randn(10, 10, requires_grad=True)
-    opt = Delayed(torch.optim.AdamW([w], lr=0.01), 1, "ef", ef_dtype="bfloat16")
+    opt = Delayed(torch.optim.AdamW([w], lr=0.01), 1, [ErrorFeedback(dtype="bfloat16")])
     for _ in range(3):
         w.grad = torch.randn(10, 10)
         opt.step()
@@ -248,7 +253,7 @@ def test_bad_corrector_arguments_raise_config_errors(kw, msg):
     from delaylab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=msg):
-        Delayed(torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1), 1, "none", **kw)
+        Delayed(torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1), 1, build("none", **kw))
 
 
 # -- combinations -------------------------------------------------------------------------------
@@ -361,13 +366,13 @@ def test_a_corrector_object_is_copied_into_each_wrapper():
 
 @pytest.mark.parametrize("spec", ["ef,damp", "dc-asgd-a,ef", "ef,predict,damp"])
 def test_two_or_three_correctors_resume_in_mid_queue_bit_for_bit(spec):
-    saved = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, spec, damping=0.5))
+    saved = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, build(spec, damping=0.5)))
     assert len(saved["delayed"]["buffers"][0]["queue"]) == 2  # mid-queue: two gradients waiting
     held = saved["delayed"]["corrections"]  # each corrector's configuration, in the order they apply
     assert list(held) == [n for n in ("ef", "dc-asgd-a", "predict", "damp") if n in spec.split(",")]
     assert held["ef"] == {"dtype": "float32", "lags": [2]} and held.get("damp", {"c": 0.5}) == {"c": 0.5}
-    other = Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2, spec,
-                    damping=0.5, ef_dtype="bfloat16")
+    other = Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2,
+                    build(spec, damping=0.5, ef_dtype="bfloat16"))
     with pytest.raises(ValueError, match="saved with"):  # another configuration: not this run's state
         other.load_state_dict(saved)
 
@@ -393,12 +398,25 @@ def _old_format(opt, correction, *, hyper=True, **old):
     ("damp", {"damping": 0.5}, True), ("lookahead", {"lookahead_momentum": 0.6}, True),
     ("ef", {}, False), ("dc-asgd", {"dc_lambda": 0.5}, False),
 ])
-def test_a_state_dict_of_the_one_correction_format_still_loads(correction, kw, hyper):
-    old = resumes_bit_for_bit(lambda x: Delayed(torch.optim.AdamW([x], lr=0.05), 2, correction=correction, **kw),
-                              lambda opt: _old_format(opt, correction, hyper=hyper, **kw))
-    assert "corrections" not in old["delayed"]
+def test_a_state_dict_of_the_one_correction_format_loads_through_the_adapter(correction, kw, hyper):
+    """The class refuses the old format in one line; ``upgrade_state_dict`` (deprecated, outside the
+    class) converts it, and the run resumes bit for bit."""
+    def make(x):
+        return Delayed(torch.optim.AdamW([x], lr=0.05), 2, build(correction, **kw))
+
+    old = {}
+
+    def upgraded(opt):
+        old.update(_old_format(opt, correction, hyper=hyper, **kw))
+        with pytest.raises(ConfigError, match="upgrade_state_dict"):
+            make(torch.zeros(D, dtype=torch.float64, requires_grad=True)).load_state_dict(old)
+        with pytest.warns(DeprecationWarning, match="one-correction format"):
+            return upgrade_state_dict(old)
+
+    new = resumes_bit_for_bit(make, upgraded)
+    assert "corrections" not in old["delayed"] and upgrade_state_dict(new) is new
     # Another corrector, or this one at its default hyperparameters: not the saved run.
     other = correction if kw else "none" if correction != "none" else "ef"
     with pytest.raises(ValueError, match="saved with"):
         Delayed(torch.optim.AdamW([torch.zeros(D, dtype=torch.float64, requires_grad=True)], lr=0.05), 2,
-                other).load_state_dict(old)
+                other).load_state_dict(new)

@@ -16,6 +16,7 @@ import torch
 from delaylab.errors import ConfigError
 from delaylab.optim import Delayed
 from delaylab.optim.queue import DelayDistribution
+from delaylab.optim.corrections import build
 
 D = 4
 A = np.array([[2.0, 0.5, 0.0, 0.3], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 1.0, 0.4], [0.3, 0.0, 0.4, 0.8]])
@@ -46,7 +47,8 @@ def drive(make, calls, queue=False):
 
 
 def sgd(delay, correction="none", lr=LR, **kw):
-    return lambda params: Delayed(torch.optim.SGD(params, lr=lr), delay, correction, **kw)
+    phases = {k: kw.pop(k) for k in ("sync_start", "sync_cooldown", "total_steps") if k in kw}
+    return lambda params: Delayed(torch.optim.SGD(params, lr=lr), delay, build(correction, **kw), **phases)
 
 
 @pytest.mark.parametrize("tau", [1, 2, 3])

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from delaylab.optim import Delayed, build_optimizer
+from delaylab.optim.corrections import build
+from delaylab.optim.error_feedback import ErrorFeedback
 
 D = 4
 A = np.array(
@@ -55,7 +57,8 @@ def run_wrapper(calls, make, split=None):
 
 
 def sgd(delay=1, correction="none", **kw):
-    return lambda params: Delayed(torch.optim.SGD(params, lr=LR), delay, correction, **kw)
+    phases = {k: kw.pop(k) for k in ("sync_start", "sync_cooldown", "total_steps") if k in kw}
+    return lambda params: Delayed(torch.optim.SGD(params, lr=LR), delay, build(correction, **kw), **phases)
 
 
 def test_delayed_sgd_is_the_2bw_recursion():
@@ -156,7 +159,7 @@ def test_ef_with_lag_on_stale_gradients_equals_delayed_ef():
     """A pipeline stage sees stale gradients already and uses delay=0, ef_lag=1: same iterates."""
     xs, _, _ = run_wrapper(16, sgd(1, "ef"))
     x = torch.tensor(X0, requires_grad=True)
-    opt = Delayed(torch.optim.SGD([x], lr=LR), delay=0, correction="ef", ef_lag=1)
+    opt = Delayed(torch.optim.SGD([x], lr=LR), delay=0, corrections=[ErrorFeedback(lag=1)])
     versions = [X0.copy()]
     out = []
     for k in range(15):  # 2BW: batch k runs on V_{k-1}, V_{-1} = V_0
@@ -187,7 +190,7 @@ def _record_run(name, steps=12, delay=1, seed=0):
     gen = torch.Generator().manual_seed(seed)
     target = torch.randn(6, 5, generator=gen, dtype=torch.float64)
     w = torch.randn(6, 5, generator=gen, dtype=torch.float64).requires_grad_()
-    opt = Delayed(build_optimizer(name, [w], lr=0.01), delay=delay, correction="ef")
+    opt = Delayed(build_optimizer(name, [w], lr=0.01), delay=delay, corrections="ef")
     iterates, applied = [w.detach().clone()], []
     for _ in range(steps + delay):
         loss = (torch.sin(w) * target).sum() + 0.5 * (w**2).sum()
@@ -252,10 +255,10 @@ def _train(opt_factory, calls, resume_at=None):
 @pytest.mark.parametrize(
     "factory",
     [
-        lambda m: Delayed(build_optimizer("adamw", m), delay=1, correction="ef"),
-        lambda m: Delayed(build_optimizer("muon", m), delay=2, correction="none"),
-        lambda m: Delayed(build_optimizer("sgd", m), delay=1, correction="dc-asgd"),
-        lambda m: Delayed(build_optimizer("adamw", m), delay=1, correction="ef", sync_start=3),
+        lambda m: Delayed(build_optimizer("adamw", m), delay=1, corrections="ef"),
+        lambda m: Delayed(build_optimizer("muon", m), delay=2, corrections="none"),
+        lambda m: Delayed(build_optimizer("sgd", m), delay=1, corrections="dc-asgd"),
+        lambda m: Delayed(build_optimizer("adamw", m), delay=1, corrections="ef", sync_start=3),
     ],
     ids=["adamw-ef", "muon-delay2", "sgd-dc", "adamw-syncstart"],
 )
@@ -283,7 +286,7 @@ def test_scheduler_drives_the_inner_learning_rate():
 
 def test_ef_holds_one_parameter_sized_buffer():
     w = torch.randn(10, 10, requires_grad=True)
-    opt = Delayed(torch.optim.AdamW([w]), delay=1, correction="ef")
+    opt = Delayed(torch.optim.AdamW([w]), delay=1, corrections="ef")
     for _ in range(5):
         w.grad = torch.randn(10, 10)
         opt.step()
@@ -294,7 +297,7 @@ def test_ef_holds_one_parameter_sized_buffer():
 
 def test_deepcopy_keeps_the_wrapper():
     w = torch.zeros(2, requires_grad=True)
-    opt = Delayed(torch.optim.SGD([w], lr=0.1), delay=1, correction="ef")
+    opt = Delayed(torch.optim.SGD([w], lr=0.1), delay=1, corrections="ef")
     clone = copy.deepcopy(opt)
     assert clone.delays == [1] and clone.correction == "ef"
 
@@ -312,13 +315,14 @@ def test_bad_arguments_raise_value_error():
     for kwargs, msg in [
         (dict(delay=-1), "delay"),
         (dict(delay=[1, 2]), "param groups"),
-        (dict(correction="magic"), "unknown correction"),
+        (dict(corrections="magic"), "unknown correction"),
         (dict(sync_cooldown=3), "total_steps"),
         (dict(sync_start=-2), "sync_start"),
-        (dict(dc_lambda=-1.0), "dc_lambda"),
     ]:
         with pytest.raises(ValueError, match=msg):
             Delayed(inner, **kwargs)
+    with pytest.raises(ValueError, match="dc_lambda"):  # a corrector checks its own configuration
+        Delayed(inner, 1, build("dc-asgd", dc_lambda=-1.0))
     with pytest.raises(ValueError, match="learning rate"):  # the inner's own check
         Delayed(torch.optim.SGD([w], lr=-0.1), delay=1)
     with pytest.raises(TypeError):
@@ -339,7 +343,7 @@ def _ef_model_run(make_inner, whole_model: bool, calls=9):
     )
     params = list(model.parameters())
     inner = make_inner(model, [{"params": params[:4]}, {"params": params[4:]}])
-    opt = Delayed(inner, delay=[1, 0] if len(inner.param_groups) == 2 else 1, correction="ef")
+    opt = Delayed(inner, delay=[1, 0] if len(inner.param_groups) == 2 else 1, corrections="ef")
     paths = []
     per_param = opt._ef_step_per_param
     def spy(ef_lags):

@@ -71,10 +71,22 @@ def test_spectral_norm_of_a_vector_is_its_l2_norm():
     torch.testing.assert_close(lmo(v, "spectral"), lmo(v, "l2"))
 
 
-def test_zero_input_gives_a_feasible_direction():
-    z = torch.zeros(3, 2, dtype=torch.float64)
+@pytest.mark.parametrize("method", ["svd", "newton-schulz"])
+def test_zero_input_gives_a_feasible_direction_and_leaves_the_other_slices_exact(method):
+    """A zero slice (every direction is optimal) gives a finite, feasible output, no 0/0, and the
+    nonzero slice beside it in the batch is still the exact LMO: unit norm, <m, d> = -||m||_*."""
+    gen = torch.Generator().manual_seed(4)
+    m = torch.stack([torch.zeros(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64, generator=gen)])
     for norm in NORMS:
-        assert float(primal_norm(lmo(z, norm), norm)) <= 1.0 + 1e-12
+        if method == "newton-schulz" and norm != "spectral":
+            continue
+        opts = {"ns_dtype": torch.float64, "ns_steps": 30, "ns_coefficients": CUBIC_COEFFICIENTS} \
+            if method == "newton-schulz" else {}
+        d = lmo(m, norm, batch_dims=1, method=method, **opts)
+        assert torch.isfinite(d).all(), (norm, d)
+        assert float(primal_norm(d[0], norm)) <= 1.0 + 1e-12
+        assert float(primal_norm(d[1], norm)) == pytest.approx(1.0, abs=1e-6)
+        assert float((m[1] * d[1]).sum()) == pytest.approx(-float(dual_norm(m[1], norm)), rel=1e-6)
 
 
 def _polar(m):

@@ -15,8 +15,8 @@ def test_retarget_moves_all_state_to_new_tensors(name):
     torch.manual_seed(1)
     a, b = Tiny(), Tiny()
     b.load_state_dict(a.state_dict())
-    opt_a = Delayed(build_optimizer(name, a), delay=1, correction="ef")
-    opt_b = Delayed(build_optimizer(name, b), delay=1, correction="ef")
+    opt_a = Delayed(build_optimizer(name, a), delay=1, corrections="ef")
+    opt_b = Delayed(build_optimizer(name, b), delay=1, corrections="ef")
     for _ in range(3):
         for m, o in ((a, opt_a), (b, opt_b)):
             tiny_loss(m).backward()

@@ -96,10 +96,12 @@ class DelayedOptimizersContainer(OptimizersContainer):
         self._schedules = [s for m in model_parts if (s := getattr(m, SCHEDULE_ATTR, None)) is not None]
         super().__init__(config, model_parts=model_parts)
         part_of = {id(p): i for i, m in enumerate(model_parts) for p in m.parameters()}
+        # The correctors made once from the config (each Delayed binds its own copy).
+        correctors = registry.build(self._corrections, ef_dtype=config.ef_dtype, ef_lag=config.ef_lag)
         self.optimizers = [
             Delayed(opt, delay=[self._group_delay(g, tagged[part_of[id(g["params"][0])]], config.delay)
                                 for g in opt.param_groups],
-                    corrections=self._corrections, ef_dtype=config.ef_dtype, ef_lag=config.ef_lag)
+                    corrections=correctors)
             for opt in self.optimizers
         ]
         self.updated = False  # whether the last step() made an update (for the LR schedule)

@@ -45,6 +45,13 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def launched_sizes() -> tuple[int, int | None]:
+    """``(WORLD_SIZE, LOCAL_WORLD_SIZE)`` as torchrun (or the launcher) set them: ``(1, None)``
+    in a plain process. The one place a run's world is read from the environment."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(os.environ.get("WORLD_SIZE", "1")), None if local is None else int(local)
+
+
 def world() -> tuple[int, int]:
     """``(rank, world size)`` of the running process group, or ``(0, 1)`` without one."""
     if dist.is_available() and dist.is_initialized():

@@ -15,7 +15,7 @@ import torch
 
 from delaylab.llm.model import GPT, autocast, lm_loss
 from delaylab.llm.pipeline.cost_model import Costs
-from delaylab.llm.pipeline.stages import Stage
+from delaylab.llm.pipeline.stages import Stage, optimizer_factory
 
 
 def _sync(device: torch.device) -> None:
@@ -25,13 +25,11 @@ def _sync(device: torch.device) -> None:
 
 def measure_costs(cfg, device: torch.device, repeats: int = 5, link_gbps: float = 100.0) -> Costs:
     """Median seconds of F, B and U per stage of ``cfg`` (a :class:`Config`) for one microbatch."""
-    from delaylab.llm.run.setup import optimizer_factory
-
     cfg = cfg.resolved("pipeline")
     P = cfg.parallel.stages
     model_cfg = cfg.model_config(256 if cfg.data.tokenizer == "byte" else cfg.data.vocab_size)
     torch.manual_seed(cfg.run.seed)
-    model = GPT(model_cfg)
+    model = GPT(model_cfg, cfg.data.grad_accum)
     B, T, d = cfg.data.batch_size, model_cfg.block_size, model_cfg.d_model
     make = optimizer_factory(cfg)
     f, b, u = [], [], []

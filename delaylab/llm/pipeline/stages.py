@@ -44,3 +44,20 @@ class Stage(nn.Module):
         for block in self.blocks.values():
             h = block(h)
         return self.head(h) if self.head is not None else h
+
+
+def optimizer_factory(cfg):
+    """``make(module, tau)``: a pipeline stage's optimizer, with its correctors at the stage's lag ``tau``."""
+    from delaylab.optim import Delayed, build_optimizer
+    from delaylab.optim.corrections import for_stage
+
+    hp = cfg.optimizer_kwargs()
+
+    def make(module, tau: int):
+        inner = build_optimizer(cfg.optim.optimizer, module, **hp)
+        if cfg.delay.correction != "none":
+            # The stage's gradients are stale already: its correctors at the stage's lag, no queue.
+            return Delayed(inner, delay=0, corrections=for_stage(cfg.delay.correction, tau))
+        return inner
+
+    return make

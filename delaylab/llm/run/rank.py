@@ -34,10 +34,9 @@ from delaylab.llm.model import autocast, autocast_dtype, compile_blocks
 from delaylab.llm.pipeline.executor import StageExecutor, TorchScheduleExecutor
 from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Schedule
-from delaylab.llm.pipeline.stages import Stage
+from delaylab.llm.pipeline.stages import Stage, optimizer_factory
 from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
-from delaylab.llm.run.setup import (Setup, check_folder, checkpoint_at, load_data, logs_at, open_run,
-                                    optimizer_factory)
+from delaylab.llm.run.setup import Setup, check_folder, checkpoint_at, load_data, logs_at, open_run, resolve
 
 
 @preemptible
@@ -216,7 +215,7 @@ def run_jobs(jobs: list[tuple[Config, str | os.PathLike]]) -> list[dict]:
 
     Every job needs the same number of stages and replicas; returns their summaries in order.
     """
-    jobs = [(cfg.resolved("pipeline"), out) for cfg, out in jobs]
+    jobs = [(resolve(cfg, "pipeline"), out) for cfg, out in jobs]
     shapes = {(cfg.parallel.stages, cfg.parallel.dp) for cfg, _ in jobs}
     if len(shapes) > 1:
         raise ConfigError(f"run_jobs needs one (stages, dp) for all jobs, got {sorted(shapes)}")
@@ -231,7 +230,7 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     raises :class:`~delaylab.llm.distributed.launch.RunFailed` naming it. ``resume`` and ``stop_at``:
     see :func:`run_rank`.
     """
-    cfg = cfg.resolved("pipeline")
+    cfg = resolve(cfg, "pipeline")
     if stop_at is not None and stop_at < 1:
         raise ConfigError(f"stop_at must be >= 1, got {stop_at}")
     return _launch([(cfg, out, resume, stop_at)])[0]

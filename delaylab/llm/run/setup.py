@@ -8,6 +8,10 @@ when the run has more than one process, the world-size check, the process group 
 the seed, then keeps its part). :func:`open_run` is the run folder and the resume: this stage's part
 of the newest complete checkpoint, checked against the config.
 
+:func:`resolve` is the config as this process runs it: the world size and the GPU count read here
+(the config itself reads nothing from where it runs), then the checks that belong to the engines
+and the host (:func:`check_engine`), before any process starts.
+
 One accounting, for both engines (docs/llm.md, "What a run reports"):
 
 * ``steps``: updates made; a pipeline's update ``k`` applies batch ``k``'s gradient on every stage,
@@ -30,11 +34,58 @@ from delaylab.llm import checkpoint
 from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.distributed.mesh import build_mesh
-from delaylab.llm.distributed.world import barrier, check_world, local_rank, start
-from delaylab.llm.distributed.wrap import replica_rows
+from delaylab.llm.distributed.world import barrier, check_world, launched_sizes, local_rank, start
+from delaylab.llm.distributed.wrap import check_shardable, replica_rows
+from delaylab.llm.pipeline.schedules import check_config
 from delaylab.llm.run.folder import TrainFolder, require_folder
 from delaylab.run_folder import CONFIG
 from delaylab.llm.model import GPT
+
+
+# Devices delaylab runs on; mps, xpu, ... are devices torch knows and delaylab does not. The tests
+# add "meta" (where any host read raises) to show that a training call holds no host sync.
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+def resolve(cfg: Config, engine: str) -> Config:
+    """``cfg`` resolved for ``engine`` in this process's world (torchrun's ``WORLD_SIZE``, else 1)
+    and checked against the engine and this host's GPUs: what a launcher calls before it starts
+    anything. One-line :class:`ConfigError`."""
+    world, local = launched_sizes()
+    cfg = cfg.resolved(engine, world)
+    check_engine(cfg, engine, torch.cuda.device_count(), local)
+    return cfg
+
+
+def check_engine(cfg: Config, engine: str, gpus: int, local_world_size: int | None = None) -> None:
+    """What a resolved ``cfg`` needs from the engines and from a host with ``gpus`` CUDA devices, of
+    which this node runs ``local_world_size`` ranks (torchrun's per-node count; by default every
+    rank of the run, as when delaylab starts them): the schedule's rules (the simulator of a
+    schedule accepts what its pipeline accepts), FSDP2 and the optimizer, one GPU per rank."""
+    par, stages = cfg.parallel, cfg.parallel.stages or 1
+    if par.schedule is not None:
+        check_config(par.schedule.removeprefix("torch-"), stages, cfg.data.grad_accum, cfg.model_config(256).n_layer)
+    check_shardable(cfg)  # FSDP2 and the optimizer: refused here, before any replica starts
+    ranks = (stages if engine == "pipeline" else 1) * par.dp
+    here = ranks if local_world_size is None else local_world_size
+    dev = cfg.run.device
+    if dev != "auto" and dev != "cpu":
+        try:
+            kind = torch.device(dev).type
+        except RuntimeError:
+            kind = None
+        if kind not in DEVICE_KINDS:
+            raise ConfigError(f"unknown device {dev!r} (auto, cpu, cuda, cuda:1, ...)")
+        if kind == "cuda" and not gpus:
+            raise ConfigError(f"device {dev!r} asked for, but this torch has no CUDA device "
+                              f"(torch {torch.__version__}); use --device cpu or auto")
+        need = here if ranks > 1 else (torch.device(dev).index or 0) + 1
+        if kind == "cuda" and gpus < need:
+            raise ConfigError(f"{need} GPUs needed on this node (one per rank), found {gpus} (or use --device cpu)")
+    elif dev == "auto" and ranks > 1 and 0 < gpus < here:
+        raise ConfigError(f"{here} ranks on this node need {here} GPUs, found {gpus} (or use --device cpu)")
+    if cfg.model.dtype == "float64" and (dev.startswith("cuda") or dev == "auto" and gpus):
+        raise ConfigError("--dtype float64 is for equivalence checks on the CPU: add --device cpu")
 
 
 def load_data(cfg: Config, dataset=None):
@@ -49,7 +100,7 @@ class Setup:
     """One process of ``cfg`` on ``engine`` (``"simulator"`` or ``"pipeline"``)."""
 
     def __init__(self, cfg: Config, engine: str, dataset=None):
-        self.cfg = cfg = cfg.resolved(engine)
+        self.cfg = cfg = resolve(cfg, engine)
         self.stages = cfg.parallel.stages if engine == "pipeline" else 1
         D = cfg.parallel.dp
         distributed = engine == "pipeline" or D > 1
@@ -79,7 +130,7 @@ class Setup:
     def seeded_model(self) -> GPT:
         """The run's initial weights, on the CPU in float32: the same on every rank."""
         torch.manual_seed(self.cfg.run.seed)
-        return GPT(self.model_cfg)
+        return GPT(self.model_cfg, self.cfg.data.grad_accum)
 
     def rows(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This replica's rows of a batch, on the device."""
@@ -184,25 +235,5 @@ def build_delayed_optimizer(model: GPT, cfg: Config):
             per_group += [tau] * len(opt.param_groups)
         inner = CombinedOptimizer(parts)
     d = cfg.delay
-    return Delayed(
-        inner, delay=cfg.delay_distribution() or per_group, corrections=d.correction, dc_lambda=d.dc_lambda, dc_lambda0=d.dc_lambda0,
-        dc_ms_decay=d.dc_ms_decay, lookahead_momentum=d.lookahead_momentum, damping=d.damping, ef_dtype=d.ef_dtype,
-        sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps,
-    )
-
-
-def optimizer_factory(cfg: Config):
-    """``make(module, tau)``: a pipeline stage's optimizer, with its correctors at the stage's lag ``tau``."""
-    from delaylab.optim import Delayed, build_optimizer
-    from delaylab.optim.corrections import for_stage
-
-    hp = cfg.optimizer_kwargs()
-
-    def make(module, tau: int):
-        inner = build_optimizer(cfg.optim.optimizer, module, **hp)
-        if cfg.delay.correction != "none":
-            # The stage's gradients are stale already: its correctors at the stage's lag, no queue.
-            return Delayed(inner, delay=0, corrections=for_stage(cfg.delay.correction, tau))
-        return inner
-
-    return make
+    return Delayed(inner, delay=cfg.delay_distribution() or per_group, corrections=cfg.correctors(),
+                   sync_start=d.sync_start, sync_cooldown=d.sync_cooldown, total_steps=cfg.run.steps)

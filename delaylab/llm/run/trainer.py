@@ -37,7 +37,7 @@ from delaylab.llm.run.folder import summary_base
 from delaylab.llm import mfu
 from delaylab.llm.model import autocast, compile_blocks, eager_blocks, moe_load
 from delaylab.llm.run.setup import (Setup, build_delayed_optimizer, check_folder, checkpoint_at, load_data, logs_at,
-                                    open_run)
+                                    open_run, resolve)
 
 WARMUP_UPDATES = 3  # a session's first updates (allocations, compilation) are left out of its tokens/s
 
@@ -409,7 +409,7 @@ def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config,
     raises :class:`~delaylab.llm.distributed.launch.RunFailed` naming it."""
     single = isinstance(jobs, Config)
     jobs = [(jobs, out)] if single else jobs
-    jobs = [(cfg.resolved("simulator"), out) for cfg, out in jobs]
+    jobs = [(resolve(cfg, "simulator"), out) for cfg, out in jobs]
     sizes = {cfg.parallel.dp for cfg, _ in jobs}
     if len(sizes) != 1:
         raise ConfigError(f"train_replicas needs one replica count for all jobs, got {sorted(sizes)}")
