@@ -23,9 +23,10 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m delaylab demo --out $(DEMO_OUT)
 
-# Two workers (pytest-xdist), one test file each at a time: module fixtures are built once.
+# Two workers (pytest-xdist), one test file each at a time: module fixtures are built once;
+# the 25 slowest tests are listed at the end (where the time goes).
 test: install
-	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: install
 	MPLBACKEND=Agg $(PY) -m pytest -q -m slow
