@@ -204,13 +204,19 @@ def test_the_generated_corpus_trains(tmp_path):
 
 def test_the_whole_run_ends_with_its_timeout_and_its_phase_with_it(tmp_path):
     """gpu_validate.sh runs the driver under `timeout` (TIMEOUT, or the budget + 30 s): at the end the
-    driver gets SIGTERM, kills the running phase's group and records the stop; exit 124."""
+    driver gets SIGTERM, kills the running phase's group and records the stop; exit 124. The phases
+    after env take about 20 s on a quiet 2-core host, so 12 s ends the run inside one of them,
+    whichever the machine's speed makes it."""
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_validate.sh"), "--phases", "env,smoke", str(out)],
+    names = ["env", "smoke", "resume", "cpu16"]
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_validate.sh"), "--phases", ",".join(names), str(out)],
                           env={**_env(tmp_path), "TIMEOUT": "12"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-3000:]
     phases = json.loads((out / "record.json").read_text())["phases"]
     assert phases["env"]["status"] == "ok"
-    assert phases["smoke"]["status"] == "stopped: the driver was stopped (SystemExit)"  # smoke takes > 12 s
-    assert _gone(phases["smoke"]["pid"], 2) == []
+    stopped = [n for n in names if n in phases and phases[n]["status"] == "stopped: the driver was stopped (SystemExit)"]
+    assert len(stopped) == 1, {n: phases.get(n, {}).get("status") for n in names}
+    assert all(phases[n]["status"] == "ok" for n in names[:names.index(stopped[0])])
+    assert all(phases.get(n, {}).get("status") in (None, "not run") for n in names[names.index(stopped[0]) + 1:])
+    assert _gone(phases[stopped[0]]["pid"], 2) == []
     assert sorted(p.name for p in out.iterdir()) == RECORD
