@@ -277,20 +277,7 @@ def cmd_nqm(args) -> int:
     from delaylab.theory import nqm
 
     if args.spectrum:
-        import json
-        from pathlib import Path
-
-        from delaylab.errors import ConfigError, MissingFile
-
-        path = Path(args.spectrum)
-        if not path.is_file():
-            raise MissingFile(f"no spectrum file {path}")
-        try:
-            spectrum = json.loads(path.read_text())
-        except ValueError as err:
-            raise ConfigError(f"{path}: not JSON ({err})") from None
-        if not isinstance(spectrum, dict) or not spectrum.get("checkpoints"):
-            raise ConfigError(f"{path}: not a delaylab spectrum file (make one with `delaylab llm spectrum RUN`)")
+        spectrum = nqm.read_spectrum(args.spectrum)
     else:  # a synthetic power-law density, so that the command runs without a measured spectrum
         h = np.geomspace(1e-3, args.top, 60)
         spectrum = {"checkpoints": [{"val_loss": 0.0, "hessian": {"nodes": h.tolist(), "weights": [1.0] * 60},

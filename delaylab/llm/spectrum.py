@@ -17,7 +17,6 @@ checkpoint of it into the NQM's nodes.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 
 from delaylab.errors import ConfigError, MissingFile
 
-FORMAT = "delaylab-spectrum-1"
+from delaylab.theory.nqm import SPECTRUM_FORMAT as FORMAT
 
 
 def _load_run(folder: Path):
@@ -157,20 +156,6 @@ def _run_summary(cfg) -> dict:
         "batch_size": cfg.data.batch_size * cfg.data.grad_accum, "lr_schedule": s.lr_schedule, "warmup": s.warmup,
         "min_lr_ratio": s.min_lr_ratio, "wsd_decay": s.wsd_decay, "delay": cfg.delay.delay,
         "correction": cfg.delay.correction}
-
-
-def read(path: str | Path) -> dict:
-    """A spectrum file, checked."""
-    p = Path(path)
-    if not p.is_file():
-        raise MissingFile(f"no spectrum file {p}")
-    try:
-        d = json.loads(p.read_text())
-    except ValueError as err:
-        raise ConfigError(f"{p}: not JSON ({err})") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT or not d.get("checkpoints"):
-        raise ConfigError(f"{p}: not a delaylab spectrum file (make one with `delaylab llm spectrum RUN`)")
-    return d
 
 
 def plot(spec: dict, path: str) -> None:

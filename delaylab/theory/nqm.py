@@ -46,7 +46,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from delaylab.errors import ConfigError
+from delaylab.errors import ConfigError, MissingFile
+
+SPECTRUM_FORMAT = "delaylab-spectrum-1"  # what `delaylab llm spectrum` writes (delaylab.llm.spectrum)
 
 LINEAR = ("sgd", "heavyball", "ema", "adam")  # adam: EMA momentum with the fixed diagonal preconditioner p
 NONLINEAR = ("sign", "adamw", "muon")
@@ -603,3 +605,20 @@ def predict_gap(spectrum: dict, optimizer: str, lr: float, steps: int, batch: in
             "sync": sync, "delayed": dly, "gap": gap, "se": np.sqrt(sync_se ** 2 + dly_se ** 2),
             "end_gap": None if (div["sync"] or div["delayed"]) else float(gap[-1]), "diverged": div,
             "start_loss": start}
+
+
+def read_spectrum(path) -> dict:
+    """A spectrum file (``delaylab llm spectrum``), checked: one reader for the CLI and the library."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise MissingFile(f"no spectrum file {p}")
+    try:
+        d = json.loads(p.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{p}: not JSON ({err})") from None
+    if not isinstance(d, dict) or d.get("format") != SPECTRUM_FORMAT or not d.get("checkpoints"):
+        raise ConfigError(f"{p}: not a delaylab spectrum file (make one with `delaylab llm spectrum RUN`)")
+    return d

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from delaylab.cli import main
-from delaylab.llm.spectrum import read
+from delaylab.theory.nqm import read_spectrum as read
 
 TINY = ["--preset", "tiny", "--batch-size", "4", "--block-size", "32", "--steps", "4", "--ckpt-every", "2",
         "--eval-every", "4", "--eval-batches", "2", "--log-every", "2", "--device", "cpu", "--threads", "1",
