@@ -48,7 +48,7 @@ def _optimizers(p: Preset, part: dict, lines: list[dict]) -> None:
 
 
 def _toy(p: Preset, part: dict, lines: list[dict]) -> None:
-    from delaylab.reproduce.runner import _toy as run_toy
+    from delaylab.reproduce.runner import toy_result
 
     pts = {(x["problem"], x["method"], x["delay"], x["correction"]): x["points"]
            for x in lines if x["kind"] == "toy" and x["task"] == "rates"}
@@ -58,7 +58,7 @@ def _toy(p: Preset, part: dict, lines: list[dict]) -> None:
         row["cis"] = [pt["ci"] for pt in pts[(r["problem"], r["method"], r["delay"], r["correction"])]]
         rates.append(row)
     compare = P.toy(p)["compare"][0]
-    comp = run_toy(compare.task, compare.kwargs)
+    comp = toy_result(compare.task, compare.kwargs)
     for old in part["ef"]:  # the rerun must be the run the report was made from
         new = next(x for x in comp["rows"] if x["method"] == old["method"])
         if not math.isclose(100 * new["ef_recovers"], old["ef_recovers_pct"], rel_tol=1e-9):

@@ -74,7 +74,7 @@ def read_summary(out: Path, run) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _toy(task: str, kwargs: dict) -> dict:
+def toy_result(task: str, kwargs: dict) -> dict:
     from delaylab.toy.problems import make_problem
     from delaylab.toy.rates import compare, delay_cost, rate_check
 
@@ -104,7 +104,7 @@ def execute(run, out: str) -> bool:
     torch.set_num_threads(1)
     write_json(folder / "config.json", {"task": run.task, **run.kwargs})
     start = time.perf_counter()
-    result = _toy(run.task, run.kwargs)
+    result = toy_result(run.task, run.kwargs)
     result["seconds"] = time.perf_counter() - start
     write_json(folder / SUMMARY, result)
     return True
