@@ -112,7 +112,7 @@ def run_cell(base: dict, cell: Cell, folder: str) -> dict:
         return json.loads(summary.read_text())
 
 
-def summarize(records: list[dict]) -> dict:
+def summarize(records: list[dict], diagnostics: bool = True) -> dict:
     """The gap table from cell records ``{optimizer, mode, lr, momentum, seed, val_loss}``.
 
     Gaps and EF recovery are computed per seed (sync and delayed runs of one seed share init
@@ -121,7 +121,8 @@ def summarize(records: list[dict]) -> dict:
     has ``val_loss`` None. Records that carry ``metrics`` (the run's metrics.jsonl lines) add,
     per row, ``overhead[mode]`` (iso-loss token overhead against the sync run of the same seed,
     :func:`~delaylab.llm.metrics.overhead_over_seeds`) and ``diagnostics[mode]`` (loss spike and
-    plateau exit after warmup, over seeds).
+    plateau exit after warmup, over seeds; ``diagnostics=False``: not computed, for records whose
+    ``metrics`` are validation points alone).
     """
     groups: dict[tuple, dict] = {}
     curves: dict[tuple, dict] = {}
@@ -143,7 +144,7 @@ def summarize(records: list[dict]) -> dict:
             runs = by_mode.get(fix, {})
             if seeds and any(s in runs for s in seeds):
                 row[f"{fix}_recovered_pct"] = metrics.recovery(sync, delayed, runs)
-        row.update(_curve_metrics(curves.get((opt, lr, mom), {})))
+        row.update(_curve_metrics(curves.get((opt, lr, mom), {}), diagnostics))
         grid.append(row)
     grid.sort(key=lambda r: (r["optimizer"], r["momentum"] is not None, r["momentum"] or 0, r["lr"]))
 
@@ -159,12 +160,12 @@ def summarize(records: list[dict]) -> dict:
     return {"metric": "final val loss", "best": best, "grid": grid}
 
 
-def _curve_metrics(by_mode: dict[str, dict[int, list]]) -> dict:
+def _curve_metrics(by_mode: dict[str, dict[int, list]], diagnostics: bool = True) -> dict:
     """``overhead`` and ``diagnostics`` of one row from its runs' metrics lines (a diverged run's
     lines stop early: its overhead is None, its diagnostics cover what it logged)."""
     out = {}
     diag = {}
-    for mode, runs in sorted(by_mode.items()):
+    for mode, runs in sorted(by_mode.items()) if diagnostics else ():
         per = [metrics.diagnostics(runs[s]) for s in sorted(runs)]
         diag[mode] = {"spike": metrics.describe([d["spike"]["spike"] for d in per]),
                       "spike_relative": metrics.describe([d["spike"]["relative"] for d in per]),

@@ -33,7 +33,6 @@ from delaylab._io import jsonable, write_json
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
-SESSIONS = "sessions.jsonl"  # one line per invocation: when, how long, how many runs computed / read
 GRID_FIELDS = ("llm", "schedules", "toy", "scale", "delays")  # what decides the runs (names and notes may change)
 
 __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
@@ -58,7 +57,7 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     """Run every finding of ``preset`` in ``out`` (resumable) and return the report (also on disk)."""
     from delaylab.llm.data import load_dataset
     from delaylab.llm.distributed import preempt
-    from delaylab.reproduce import markdown, plan, report, runner
+    from delaylab.reproduce import ledger, markdown, plan, report, runner
 
     p = get_preset(preset) if isinstance(preset, str) else preset
     plan.check_protocol(p)
@@ -73,7 +72,8 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     status, stopped = "interrupted", None
     with preempt.raising():  # SIGTERM / SIGUSR1 / SIGINT: workers stop at a checkpoint, exit 75
         try:
-            runner.run(out, lambda o: plan.plan(p, o), workers=jobs, progress=progress, counts=counts)
+            runner.run(out, lambda o: plan.plan(p, ledger.Folders(o)), workers=jobs, progress=progress,
+                       counts=counts)
             status = "finished"
         except runner.RunFailed:
             status = "failed"
@@ -88,17 +88,12 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
                        "load_end": None if end is None else round(end, 2), **counts}
             if stopped:
                 session["stopped_by"] = stopped
-            with open(out / SESSIONS, "a") as f:
+            with open(out / ledger.SESSIONS, "a") as f:
                 f.write(json.dumps(session) + "\n")
-    sessions = [json.loads(line) for line in (out / SESSIONS).read_text().splitlines() if line.strip()]
-    rep = report.build(p, out, sessions)
-    lines = report.runs_jsonl(p, out)
-    rep["ns_dtypes"] = report.ns_dtypes(lines)
+    sessions = [json.loads(line) for line in (out / ledger.SESSIONS).read_text().splitlines() if line.strip()]
+    book = ledger.settle(p, out, sessions)  # the last read of a run folder
+    rep = report.build(book, draw=out)
     write_json(out / "report.json", rep)
     (out / "report.md").write_text(markdown.markdown(rep))
-    from delaylab._io import dumps
-
-    tmp = out / (report.RUNS + ".tmp")
-    tmp.write_text("".join(dumps(line) + "\n" for line in lines))
-    os.replace(tmp, out / report.RUNS)
+    book.write(out)
     return rep

@@ -22,8 +22,6 @@ PipeDream's at depth 4 and 8, is scored where the setting's model has a 2BW row.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from delaylab.llm import metrics
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
@@ -69,21 +67,21 @@ def _theory_point(opt: str, mom, tau: float, steps: int) -> dict | None:
     return None
 
 
-def delays(p: Preset, out: Path) -> dict:
+def delays(L) -> dict:
+    p, res = L.preset, L.delay_axis
     g = p.delays
-    _, res = P.delay_axis(p, out)
     lrs, cells, plans = res["lrs"], res["cells"], res["overhead"]
     steps = g.base["steps"]
     rows, data = [], {}
     for s in g.settings:
         for opt in g.optimizers:
             mom = g.momentum.get(opt)
-            sync_rows = P.records(out, cells[(s.name, opt, "sync")])
+            sync_rows = L.records(cells[(s.name, opt, "sync")])
             sync = _losses(sync_rows)
             data[(s.name, opt, "sync")] = sync
             sync_grid = lrs["sync"][opt]
             for mode in g.modes_of(s):
-                mine_rows = P.records(out, cells[(s.name, opt, mode)])
+                mine_rows = L.records(cells[(s.name, opt, mode)])
                 mine = data[(s.name, opt, mode)] = _losses(mine_rows)
                 info = lrs[(s.name, opt, mode)]
                 row = {"setting": s.name, "delay": list(s.delay) if isinstance(s.delay, tuple) else s.delay,
@@ -112,7 +110,7 @@ def delays(p: Preset, out: Path) -> dict:
     verdicts, numbers = [], []
     verdicts += _schedule_verdicts(p, by, data)
     verdicts += _trend_notes(p, by, data)
-    numbers += _lr_numbers(p, out, lrs, steps)
+    numbers += _lr_numbers(L, lrs, steps)
     numbers += _sketches(p, by, data, steps)
     theory = _theory_rows(p, by, steps)
     uniform = [s for s in g.settings if isinstance(s.delay, int) and not s.model]
@@ -231,15 +229,16 @@ def _trend_notes(p: Preset, by: dict, data: dict) -> list[dict]:
     return out
 
 
-def _lr_numbers(p: Preset, out: Path, lrs: dict, steps: int) -> list[dict]:
+def _lr_numbers(L, lrs: dict, steps: int) -> list[dict]:
     """Scored: at each tuned setting, best delayed lr / best sync lr and best EF lr / best delayed lr
     (log-parabola optima over the grids' shared seeds, Fieller + Bonferroni) against the theory's."""
+    p = L.preset
     g = p.delays
     numbers = []
     sync_variant, sync_base = P.delay_sync(p)
     for opt in g.optimizers:
         mom = g.momentum.get(opt)
-        sync_rows = P.records(out, [r for lr in lrs["sync"][opt]["lrs"]
+        sync_rows = L.records([r for lr in lrs["sync"][opt]["lrs"]
                                     for r in P._runs(sync_variant, sync_base, opt, lr, mom, ("sync",), g.scan_seeds)])
         for name in g.tuned:
             s = g.setting(name)
@@ -253,7 +252,7 @@ def _lr_numbers(p: Preset, out: Path, lrs: dict, steps: int) -> list[dict]:
                     continue
                 runs = [r for lr in info["grid"]["lrs"]
                         for r in P._runs(f"delays-{name}", P.delay_base(p, s), opt, lr, mom, (mode,), g.scan_seeds)]
-                grids[mode] = S.by_lr(P.records(out, runs), opt, mode, mom)
+                grids[mode] = S.by_lr(L.records(runs), opt, mode, mom)
             if "delayed" not in grids or point is None:
                 continue
             issues = S.issues_of(sync_rows)

@@ -1,13 +1,13 @@
 """The report's PNG figures, one per finding, drawn from the parts of :mod:`delaylab.reproduce.findings`.
 
-Every ``plot_*`` takes the part (and ``DIR`` where it reads loss curves), draws on ``ax`` or a
-new figure, and returns the figure; :func:`write` saves them as ``DIR/repro_*.png``. The GPT
+Every ``plot_*`` takes the part (and the :class:`~delaylab.reproduce.ledger.Ledger` where it
+reads curves and toy results), draws on ``ax`` or a new figure, and returns the figure;
+:func:`write` saves them as ``DIR/repro_*.png``, :func:`names` says which there are. The GPT
 panels reuse :mod:`delaylab.llm.plots`, the toy panels :mod:`delaylab.toy.plots`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -17,14 +17,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from delaylab.llm import plots as llm_plots  # noqa: E402
-from delaylab.llm.sweep import train_curve  # noqa: E402
 
 FIX_COLORS = {"delayed": "tab:red", "ef": "tab:blue", "dc-asgd": "tab:green", "sync-start": "tab:purple",
               "sync-cooldown": "tab:orange"}
 
 
-def _mean_curve(out: Path, folders: list[str]):
-    curves = [c for c in (train_curve(out / f) for f in folders) if c[0]]
+def _mean_curve(L, folders: list[str]):
+    curves = [c for c in (L.train_curve(f) for f in folders) if c[0]]
     if not curves:
         return None
     n = min(len(c[0]) for c in curves)
@@ -41,7 +40,7 @@ def _subplots(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
     return fig, flat[:n]
 
 
-def plot_loss_curves(part1: dict, part2: dict, out: Path):
+def plot_loss_curves(part1: dict, part2: dict, L):
     """Train loss (mean over seeds) of sync, delayed and delayed+EF at each optimizer's best sync lr."""
     rows2 = {r["optimizer"]: r for r in part2["rows"]}
     fig, axes = _subplots(len(part1["rows"]))
@@ -49,7 +48,7 @@ def plot_loss_curves(part1: dict, part2: dict, out: Path):
         runs = dict(row["runs"])
         if "ef" in rows2.get(row["optimizer"], {}).get("runs", {}):
             runs["ef"] = rows2[row["optimizer"]]["runs"]["ef"]
-        curves = {m: c for m, c in ((m, _mean_curve(out, f)) for m, f in runs.items()) if c}
+        curves = {m: c for m, c in ((m, _mean_curve(L, f)) for m, f in runs.items()) if c}
         llm_plots.loss_curves(curves, f"{row['optimizer']} (lr {row['lr']:g}): gap {_g(row['gap']['mean'])}", ax=ax)
     fig.suptitle("train loss, sync vs one-step delay vs delay + EF (mean over seeds)", fontsize=10)
     fig.tight_layout()
@@ -157,11 +156,11 @@ def plot_schedules(part5: dict, ax=None):
     return fig
 
 
-def plot_toy(part6: dict, out: Path):
+def plot_toy(part6: dict, L):
     """Measured mean ||grad f||_* and the bound against T (log-log), one panel per problem."""
     from delaylab.toy.plots import plot_rates_grid
 
-    results = [json.loads((out / r["runs"][0] / "summary.json").read_text()) for r in part6["rows"]]
+    results = [L.summary_of(r["runs"][0]) for r in part6["rows"]]
     return plot_rates_grid(results, ncols=min(3, len({r["problem"] for r in results})))
 
 
@@ -324,25 +323,33 @@ def plot_delays(part9: dict):
     return fig
 
 
-def write(parts: dict, out: Path) -> dict[str, str]:
+FILES = {"optimizers": "repro_loss_curves.png", "mitigations": "repro_gap_mitigations.png",
+         "momentum": "repro_gap_vs_momentum.png", "learning_rate": "repro_loss_vs_lr.png",
+         "schedules": "repro_schedules.png", "toy": "repro_toy_rates.png", "ablations": "repro_ablations.png",
+         "scale": "repro_scale.png", "delays": "repro_delays.png"}
+
+
+def names(parts: dict) -> dict[str, str]:
+    """``{part key: file name}`` of the figures the report of ``parts`` has."""
+    return {k: v for k, v in FILES.items() if k in parts}
+
+
+def write(parts: dict, L, out: Path) -> dict[str, str]:
     """Every figure as ``out/repro_<name>.png``; returns ``{part key: file name}``."""
     figs = {
-        "optimizers": ("repro_loss_curves.png",
-                       lambda: plot_loss_curves(parts["optimizers"], parts["mitigations"], out)),
-        "mitigations": ("repro_gap_mitigations.png", lambda: plot_mitigations(parts["mitigations"])),
-        "momentum": ("repro_gap_vs_momentum.png", lambda: plot_momentum(parts["momentum"])),
-        "learning_rate": ("repro_loss_vs_lr.png", lambda: plot_learning_rate(parts["learning_rate"])),
-        "schedules": ("repro_schedules.png", lambda: plot_schedules(parts["schedules"])),
-        "toy": ("repro_toy_rates.png", lambda: plot_toy(parts["toy"], out)),
-        "ablations": ("repro_ablations.png", lambda: plot_ablations(parts["ablations"])),
-        "scale": ("repro_scale.png", lambda: plot_scale(parts["scale"])),
-        "delays": ("repro_delays.png", lambda: plot_delays(parts["delays"])),
+        "optimizers": lambda: plot_loss_curves(parts["optimizers"], parts["mitigations"], L),
+        "mitigations": lambda: plot_mitigations(parts["mitigations"]),
+        "momentum": lambda: plot_momentum(parts["momentum"]),
+        "learning_rate": lambda: plot_learning_rate(parts["learning_rate"]),
+        "schedules": lambda: plot_schedules(parts["schedules"]),
+        "toy": lambda: plot_toy(parts["toy"], L),
+        "ablations": lambda: plot_ablations(parts["ablations"]),
+        "scale": lambda: plot_scale(parts["scale"]),
+        "delays": lambda: plot_delays(parts["delays"]),
     }
-    figs = {k: v for k, v in figs.items() if k in parts}
-    written = {}
-    for key, (name, make) in figs.items():
-        fig = make()
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+    written = names(parts)
+    for key, name in written.items():
+        fig = figs[key]()
+        fig.savefig(Path(out) / name, dpi=110, bbox_inches="tight")
         plt.close(fig)  # no-op for the pyplot-free figures of toy.plots
-        written[key] = name
     return written

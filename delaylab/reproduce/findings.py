@@ -1,9 +1,10 @@
-"""The six findings: each reads its runs from ``DIR`` and returns a JSON-ready part of the report.
+"""The six findings: each reads its runs from the :class:`~delaylab.reproduce.ledger.Ledger` and
+returns a JSON-ready part of the report.
 
 A part is ``{"id", "key", "title", "paper", "theory", "rows", "verdicts", "headline",
 "reproduced", "theory_agrees", "theory_numbers"}``. Every number in ``rows`` is computed here
-from the runs' ``summary.json`` (GPT runs: final val loss; toy runs: the rate check's own
-fields), and each row names the folders it came from under ``runs``.
+from the Ledger's lines (GPT runs: final val loss; toy runs: the rate check's own fields), and
+each row names the folders it came from under ``runs``.
 
 A verdict is ``{"claim", "predicted", "measured", "kind", "state", "score", "line"}``: ``kind``
 is ``paper`` (set against the paper's finding), ``theory`` (against a number the theory
@@ -18,17 +19,13 @@ Intervals: Student-t for means and paired differences, Fieller's for ratios
 from __future__ import annotations
 
 import math
-from pathlib import Path
-
 
 from delaylab.llm import metrics
-from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
 from delaylab.reproduce import verdicts as V
 from delaylab.reproduce import stats as S
 from delaylab.reproduce.presets import Preset
-from delaylab.reproduce.runner import read_summary
 
 # The paper's 360M numbers (Zmushko et al. 2026, arXiv:2606.30634, as quoted in DESIGN.md).
 PAPER_LOSSES = {"adamw": (2.612, 2.890), "muon": (2.578, 2.590)}
@@ -53,6 +50,13 @@ def cell_row(rows: list[dict], opt: str, lr: float, mom, modes) -> dict:
         if mode != "sync":
             out["gap" if mode == "delayed" else f"{mode}_gap"] = S.sample(S.paired(sync, runs))
     return out
+
+
+def _folders(rows: list[dict], opt: str, lr: float, mom) -> dict[str, list[str]]:
+    """``{mode: folders by seed}`` of the runs at one (optimizer, lr, momentum)."""
+    sel = sorted((r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)),
+                 key=lambda r: r["seed"])
+    return {m: [r["run"] for r in sel if r["mode"] == m] for m in dict.fromkeys(r["mode"] for r in sel)}
 
 
 def _best_lr(grid: dict[float, dict]) -> float | None:
@@ -114,21 +118,18 @@ def lr_robust(rows: list[dict], a: str, b: str, lrs: dict[str, list[float]], mom
     return {"pairs": pairs, "holds": holds, "state": pairs[0]["state"] if holds else None, "text": text}
 
 
-def diagnostics_of(grid_row: dict) -> dict:
-    """Per mode: mean loss spike after warmup and mean plateau-exit update (sweep.summarize's)."""
-    out = {}
-    for mode, d in (grid_row.get("diagnostics") or {}).items():
-        out[mode] = {"spike": d["spike"]["mean"], "spike_steps": d["spike_step"],
-                     "plateau_exit": d["plateau_exit"]["mean"], "plateau_left": d["plateau_left"]}
-    return out
+def diagnostics_of(L, runs: dict[str, list[str]]) -> dict:
+    """Per mode (``runs``: its folders, by seed): mean loss spike after warmup, each seed's spike
+    step, mean plateau-exit update, whether each seed left the plateau (:meth:`Ledger.diagnostics`)."""
+    return {m: d for m, folders in sorted(runs.items()) for d in [L.diagnostics(folders)] if d is not None}
 
 
-def overhead_of(p: Preset, out: Path, best: dict, opt: str, mode: str) -> dict | None:
+def overhead_of(L, opt: str, mode: str) -> dict | None:
     """The iso-loss overhead of ``opt``'s ``mode`` runs at the best sync lr, each seed measured by
     the shortest run (1x, then the longer ones) that reaches its sync run's final loss."""
+    p, plans = L.preset, L.overhead
     if opt not in p.llm.overhead:
         return None
-    plans = P.overhead_plan(p, out, best)
     per = [plans[(opt, mode, s)] for s in range(P.seeds(p, opt)) if (opt, mode, s) in plans]
     if not per:
         return None
@@ -207,10 +208,9 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
     return verdicts, numbers, robust, adamw_vs_muon, skew
 
 
-def optimizers(p: Preset, out: Path) -> dict:
-    best = P.best_sync(p, out)
-    rows = P.records(out, P.grid(p, out) + P.headline(p, out, best), curves=True)
-    cells = {(r["optimizer"], r["lr"], r["momentum"]): r for r in summarize(rows)["grid"]}
+def optimizers(L) -> dict:
+    p, best = L.preset, L.best
+    rows = L.records(P.grid(p, L) + P.headline(p, L, best))
     table = []
     for opt in p.llm.optimizers:
         base_seeds = set(range(P.seeds(p, opt)))
@@ -218,10 +218,9 @@ def optimizers(p: Preset, out: Path) -> dict:
         row = cell_row(rows, opt, lr, mom, ("sync", "delayed"))
         row["censored"] = best[opt]["censored"]
         row["lrs"] = best[opt]["lrs"]
-        row["power"] = P.headline_seeds(p, out, opt, best) if opt in p.llm.headline else None
-        cell = cells[(opt, lr, mom)]
-        row["overhead"] = {m: o for m in ("delayed", "ef") for o in [overhead_of(p, out, best, opt, m)] if o}
-        row["diagnostics"] = diagnostics_of(cell)
+        row["power"] = P.headline_seeds(p, L, opt, best) if opt in p.llm.headline else None
+        row["overhead"] = {m: o for m in ("delayed", "ef") for o in [overhead_of(L, opt, m)] if o}
+        row["diagnostics"] = diagnostics_of(L, _folders(rows, opt, lr, mom))
         row["neighbourhood"] = [{"lr": x, "gap": cell_row([r for r in rows if r["seed"] in base_seeds], opt, x,
                                                            mom, ("sync", "delayed"))["gap"]}
                                 for x in P.neighbours(best[opt]["lrs"], lr)]
@@ -234,7 +233,10 @@ def optimizers(p: Preset, out: Path) -> dict:
         row["paper_gap"] = None if paper is None else paper[1] - paper[0]
         table.append(row)
     by = {r["optimizer"]: r for r in table}
-    verdicts, numbers, robust, adamw_vs_muon, skew = optimizer_verdicts(p, rows, by)
+    # the verdicts read every run of the main variant (the skew check covers the momentum grid's and the
+    # mitigations' cells too): the rows a written report is re-scored from (rescore._rows)
+    every = L.records([r for r in P.llm_runs(p, L) if r.variant == P.MAIN])
+    verdicts, numbers, robust, adamw_vs_muon, skew = optimizer_verdicts(p, every, by)
     listing = ", ".join(f"{o} {S.fmt(r['gap']['mean'])}" for o, r in by.items())
     return {"id": 1, "key": "optimizers", "title": "Optimizer sensitivity to a one-step delay",
             "paper": "360M: AdamW 2.612 sync vs 2.890 delayed (+0.278), Muon 2.578 vs 2.590 (+0.012); MARS "
@@ -275,9 +277,9 @@ def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
             "ci": pieces[0] if ratio["bounded"] else None, "set": pieces, "issues": S.issues_of(sel)}
 
 
-def mitigations(p: Preset, out: Path) -> dict:
-    best = P.best_sync(p, out)
-    rows = P.records(out, P.grid(p, out) + P.headline(p, out, best) + P.mitigations(p, best, out))
+def mitigations(L) -> dict:
+    p, best = L.preset, L.best
+    rows = L.records(P.grid(p, L) + P.headline(p, L, best) + P.mitigations(p, best, L))
     mits = p.llm.mitigations
     table = []
     for opt in p.llm.optimizers:
@@ -295,7 +297,7 @@ def mitigations(p: Preset, out: Path) -> dict:
              "sync-cooldown": predict.undelayed_share(p.llm.base, last=k)}
     ef_by_lr, ef_tuned = [], []
     if "ef" in mits and p.llm.ef_lrs:
-        ef_rows = P.records(out, P.ef_lrs(p, best, out))
+        ef_rows = L.records(P.ef_lrs(p, best, L))
         for opt in p.llm.ef_lrs:
             mom, base_seeds = best[opt]["momentum"], set(range(P.seeds(p, opt)))
             for lr in P.neighbours(best[opt]["lrs"], best[opt]["lr"]):
@@ -363,17 +365,17 @@ def mitigations(p: Preset, out: Path) -> dict:
 # -- 3: momentum -----------------------------------------------------------------------------------
 
 
-def momentum(p: Preset, out: Path) -> dict:
+def momentum(L) -> dict:
     """Three protocols, each over the momentum grid: the lr fixed at the default momentum's best
     sync lr; each momentum at its own best sync lr of its lr grid; each mode at its own best lr
     (delayed tuned too). Each momentum's lr grid grows at an edge (:func:`~delaylab.reproduce.plan.momentum_grid`)."""
-    best = P.best_sync(p, out)
-    rows = P.records(out, P.momentum(p, best, out))
+    p, best = L.preset, L.best
+    rows = L.records(P.momentum(p, best, L))
     table, verdicts, slopes, numbers, changes = [], [], {}, [], {}
     for opt, grid in p.llm.momenta.items():
         pts = []
         for mom in grid:
-            g = P.momentum_grid(p, out, opt, mom, best)
+            g = P.momentum_grid(p, L, opt, mom, best)
             sync_lr = g["best"]["sync"]
             row = cell_row(rows, opt, sync_lr, mom, ("sync", "delayed"))
             row["fixed_lr"] = best[opt]["lr"]
@@ -434,12 +436,12 @@ def _shift_text(m: dict) -> str:
     return f"x{m['ratio']:.2g} " + (f"[{m['ci'][0]:.2g}, {m['ci'][1]:.2g}]" if m["ci"] else "(interval unbounded)")
 
 
-def learning_rate(p: Preset, out: Path) -> dict:
+def learning_rate(L) -> dict:
     """"Delayed degrades faster at high lr" is measured as where each mode's best lr sits: the delayed
     optimum at a lower lr than the sync optimum (shift < 1), each optimum bracketed by its grid."""
-    best = P.best_sync(p, out)
-    rows = P.records(out, P.grid(p, out))
-    ef_rows = P.records(out, P.ef_lrs(p, best, out)) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
+    p, best = L.preset, L.best
+    rows = L.records(P.grid(p, L))
+    ef_rows = L.records(P.ef_lrs(p, best, L)) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
     table, verdicts, numbers, optima, slopes = [], [], [], {}, {}
     steps = p.llm.base["steps"]
     for opt in p.llm.lr_sweep:
@@ -464,7 +466,7 @@ def learning_rate(p: Preset, out: Path) -> dict:
         if opt in p.llm.ef_lrs and ef_rows:
             ef = metrics.lr_shift(S.by_lr(rows, opt, "delayed", mom, seeds), S.by_lr(ef_rows, opt, "ef", mom, seeds))
             optima[opt]["ef"] = ef
-            grid_ef = P.ef_grid(p, out, opt, best)["lrs"]
+            grid_ef = P.ef_grid(p, L, opt, best)["lrs"]
             q = f"{opt}: best EF lr / best delayed lr (EF over {', '.join(f'{x:g}' for x in grid_ef)})"
             if pred["ef"] is not None:
                 numbers.append(V.theory_number(q, pred["ef"], ef["ratio"], ef["ci"], pred.get("source", ""), null=1.0,
@@ -506,9 +508,10 @@ def pipedream_verdict(opt: str, delays: list[int], diff: dict, measured: str, is
                    "paper: PipeDream - 2BW > 0", measured, sc)
 
 
-def schedules(p: Preset, out: Path) -> dict:
+def schedules(L) -> dict:
+    p = L.preset
     groups = P.schedules(p)
-    rows = P.records(out, [r for g in groups.values() for r in g])
+    rows = L.records([r for g in groups.values() for r in g])
     s = p.schedules
     table, verdicts, numbers = [], [], []
     for opt in s.optimizers:
@@ -581,11 +584,11 @@ def rate_state(points: list[dict], slope: float | None, exponent: float | None, 
     return V.AGREES if all(x == V.AGREES for x in states) and slope_ok else V.UNDETERMINED
 
 
-def toy(p: Preset, out: Path) -> dict:
-    groups = P.toy(p)
+def toy(L) -> dict:
+    groups = P.toy(L.preset)
     rates = []
     for run in groups["rates"]:
-        res = read_summary(out, run)
+        res = L.summary(run)
         pts = res["points"]
         ratios = [pt["ratio"] for pt in pts]
         rates.append({"problem": res["problem"], "method": res["method"], "delay": res["delay"],
@@ -596,8 +599,7 @@ def toy(p: Preset, out: Path) -> dict:
                       "slope": res["slope"], "exponent": res["exponent"], "tolerance": res["tolerance"],
                       "bound_slope": res["bound_slope"], "holds": res["holds"], "runs": [run.folder]})
     cost_run, compare_run = groups["cost"][0], groups["compare"][0]
-    return toy_part(rates, read_summary(out, cost_run), read_summary(out, compare_run), cost_run.folder,
-                    compare_run.folder)
+    return toy_part(rates, L.summary(cost_run), L.summary(compare_run), cost_run.folder, compare_run.folder)
 
 
 def trend_score(claim: str, points: list[dict], key: str, *, relative: bool, increasing: bool) -> tuple[dict, str]:
@@ -617,6 +619,16 @@ def trend_score(claim: str, points: list[dict], key: str, *, relative: bool, inc
     bad = [x for x in steps if x[0]["state"] == V.DISAGREES]
     margin = (lambda x: x[0]["interval"][0]) if increasing else (lambda x: -x[0]["interval"][1])
     return bad[0] if bad else min(steps, key=margin)
+
+
+def compare_ef_rows(comp: dict) -> list[dict]:
+    """The EF comparison's methods with a resolved delay gap, for which EF's drift was measured.
+    (A Ledger read from a version-3 report holds these rows alone, as ``ef_rows``.)"""
+    return [{"method": row["method"], "delta_bar": row["delta_bar"], "ef_recovers_pct": 100 * row["ef_recovers"],
+             "predicted_helps": row["delta_bar"] < 2 / 3, "ef_gain": row.get("ef_gain"),
+             "ef_gain_ci": row.get("ef_gain_ci")}
+            for row in comp["rows"] if row.get("delta_bar") is not None and row.get("ef_recovers") is not None
+            and row["delayed"]["relative_gap_ci"][0] > 0]
 
 
 def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compare_folder: str) -> dict:
@@ -650,14 +662,7 @@ def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compar
         numbers.append({"quantity": f"toy {claim}", "predicted": None, "measured": sc["measured"],
                         "ci": sc["interval"], "set": None, "unit": "", "source": "Theorem 1's delay term",
                         "note": "a direction, every step of the sweep", "state": sc["state"], "score": sc})
-    ef_rows = []
-    for row in comp["rows"]:  # methods with a resolved delay gap, for which EF's drift was measured
-        if row.get("delta_bar") is None or row.get("ef_recovers") is None or row["delayed"]["relative_gap_ci"][0] <= 0:
-            continue
-        ef_rows.append({"method": row["method"], "delta_bar": row["delta_bar"],
-                        "ef_recovers_pct": 100 * row["ef_recovers"], "predicted_helps": row["delta_bar"] < 2 / 3,
-                        "ef_gain": row.get("ef_gain"), "ef_gain_ci": row.get("ef_gain_ci"),
-                        "runs": [compare_folder]})
+    ef_rows = [{**r, "runs": [compare_folder]} for r in comp.get("ef_rows") or compare_ef_rows(comp)]
     for r in ef_rows:
         claim = (0, None) if r["predicted_helps"] else (None, 0)  # EF's gain (delayed - EF) > 0, or <= 0
         sc = V.score(f"toy {r['method']}: EF's gain {'> 0' if r['predicted_helps'] else '<= 0'}", r["ef_gain_ci"],

@@ -1,10 +1,13 @@
 """Which runs each finding needs, as :class:`~delaylab.reproduce.runner.LLMRun` / ``ToyRun`` lists.
 
-The same functions serve the runner (what to run) and the report (which folders to read), so
-the two cannot disagree. Several runs depend on finished ones, so each function reads ``DIR``
-and lists what can be decided now; the runner calls :func:`plan` again after every finished run
-until nothing new appears, and at that fixed point the report reads the same lists. Three rules
-decide runs from results:
+The same functions serve the runner (what to run) and the report (what it reports), so the two
+cannot disagree. Several runs depend on finished ones, so each function takes a *results source*
+``src`` (``src.summary(run)``: the finished run's summary or None; ``src.val_curve(run)``: its
+[tokens, val_loss] points) and lists what can be decided now. The runner's source reads the run
+folders (:class:`~delaylab.reproduce.ledger.Folders`) and calls :func:`plan` again after every
+finished run until nothing new appears; at that fixed point the runs are read once into the
+:class:`~delaylab.reproduce.ledger.Ledger`, itself a source, on which the report makes the same
+decisions with the same functions. Three rules decide runs from results:
 
 - **lr grids grow at an edge** (:func:`adaptive_lrs`): while a grid's best lr (by the mean over
   the base seeds) is its lowest or highest, the grid gains lr/2 or 2 lr, at most ``lr_extend``
@@ -24,14 +27,13 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 from typing import Callable
 
 from delaylab.llm.metrics import iso_loss_overhead, t_interval, val_points
-from delaylab.llm.sweep import Cell, read_metrics
+from delaylab.llm.sweep import Cell
 from delaylab.errors import ConfigError
 from delaylab.reproduce.presets import Preset
-from delaylab.reproduce.runner import LLMRun, ToyRun, read_summary
+from delaylab.reproduce.runner import LLMRun, ToyRun
 from delaylab.reproduce.verdicts import protocol_issues
 
 MAIN = "main"
@@ -53,9 +55,9 @@ def _runs(variant: str, base: dict, opt: str, lr: float, momentum, modes, seeds,
             for mode in modes for s in seeds]
 
 
-def _loss(out: Path, run) -> float | None:
+def _loss(src, run) -> float | None:
     """The finished run's final val loss (inf where it diverged); None while it is not finished."""
-    s = read_summary(out, run)
+    s = src.summary(run)
     if s is None:
         return None
     v = s.get("val_loss")
@@ -65,7 +67,7 @@ def _loss(out: Path, run) -> float | None:
 # -- the three rules ------------------------------------------------------------------------------
 
 
-def adaptive_lrs(out: Path, lrs, runs_at: Callable[[float], list[LLMRun]], modes, limit: int) -> dict:
+def adaptive_lrs(src, lrs, runs_at: Callable[[float], list[LLMRun]], modes, limit: int) -> dict:
     """The lr grid ``lrs`` grown by the edge rule: ``{"lrs", "done", "extended", "censored"}``.
 
     ``runs_at(lr)``: the runs at one lr (labels = modes); ``modes``: those whose best lr must be
@@ -77,7 +79,7 @@ def adaptive_lrs(out: Path, lrs, runs_at: Callable[[float], list[LLMRun]], modes
         means: dict = {}
         for lr in grid:
             for r in runs_at(lr):
-                v = _loss(out, r)
+                v = _loss(src, r)
                 if v is None:
                     return {"lrs": grid, "done": False, "extended": dict(grown), "censored": {}}
                 means.setdefault(r.label, {}).setdefault(lr, []).append(v)
@@ -95,7 +97,7 @@ def adaptive_lrs(out: Path, lrs, runs_at: Callable[[float], list[LLMRun]], modes
             grown["high"] += 1
 
 
-def power_seeds(out: Path, runs_for: Callable[[int, int], list[LLMRun]], first: int, cap: int | None) -> dict:
+def power_seeds(src, runs_for: Callable[[int, int], list[LLMRun]], first: int, cap: int | None) -> dict:
     """Seeds of a headline cell by the power rule: ``{"seeds", "done", "resolved", "gap_ci"}``.
 
     ``runs_for(lo, hi)``: the cell's runs of seeds ``lo..hi-1`` (labels sync, delayed, ...). From
@@ -107,7 +109,7 @@ def power_seeds(out: Path, runs_for: Callable[[int, int], list[LLMRun]], first: 
         runs = runs_for(0, n)
         losses = {}
         for r in runs:
-            v = _loss(out, r)
+            v = _loss(src, r)
             if v is None:
                 return {"seeds": n, "done": False, "resolved": None, "gap_ci": None}
             losses[(r.label, r.cell.seed)] = v
@@ -121,6 +123,11 @@ def power_seeds(out: Path, runs_for: Callable[[int, int], list[LLMRun]], first: 
         n = min(cap, n + 2)
 
 
+def _records(src, run) -> list[dict]:
+    """The run's validation points as metrics records (what the iso-loss overhead reads)."""
+    return [{"tokens": t, "val_loss": v} for t, v in src.val_curve(run)]
+
+
 def length_base(base: dict, factor: float) -> dict:
     """``base`` run ``factor`` times as long: updates, validation and checkpoint intervals scaled
     (the cosine schedule and the 5% warmup follow the length: the schedule is stretched)."""
@@ -131,22 +138,22 @@ def _length_variant(factor: float) -> str:
     return f"length-{factor:g}x"
 
 
-def overhead_runs(out: Path, base: dict, sync: LLMRun, other: LLMRun, lengths) -> dict:
+def overhead_runs(src, base: dict, sync: LLMRun, other: LLMRun, lengths) -> dict:
     """The runs that measure ``other``'s iso-loss overhead against ``sync`` (one seed): ``other``
     itself, then the same cell ``lengths`` times as long, each planned only where the previous
     did not reach sync's final val loss. ``{"runs", "done", "overhead", "length"}``: the first
     length that reaches it and its overhead (None where none did, or while running)."""
     runs = [other]
-    sync_metrics = read_metrics(Path(out) / sync.folder) if read_summary(out, sync) is not None else None
+    sync_metrics = _records(src, sync) if src.summary(sync) is not None else None
     for factor in (1, *lengths):
         variant = _length_variant(factor) if other.variant == MAIN else f"{other.variant}-{_length_variant(factor)}"
         run = other if factor == 1 else LLMRun(variant, length_base(base, factor), other.cell, other.label)
         if factor != 1:
             runs.append(run)
-        if sync_metrics is None or read_summary(out, run) is None:
+        if sync_metrics is None or src.summary(run) is None:
             return {"runs": runs, "done": False, "overhead": None, "length": None}
-        mine = read_metrics(Path(out) / run.folder)
-        if not val_points(mine) or not val_points(sync_metrics) or not math.isfinite(_loss(out, run)):
+        mine = _records(src, run)
+        if not val_points(mine) or not val_points(sync_metrics) or not math.isfinite(_loss(src, run)):
             # a diverged run is a result, not a reason to run longer: no overhead
             return {"runs": runs, "done": True, "overhead": None, "length": None, "diverged": True}
         o = iso_loss_overhead(sync_metrics, mine)
@@ -163,47 +170,24 @@ def grid_runs_at(p: Preset, opt: str) -> Callable[[float], list[LLMRun]]:
     return lambda lr: _runs(MAIN, g.base, opt, lr, _momentum(p, opt), ("sync", "delayed"), seeds(p, opt))
 
 
-def grid_lrs(p: Preset, out: Path, opt: str) -> dict:
+def grid_lrs(p: Preset, src, opt: str) -> dict:
     """The main lr grid of ``opt`` (adaptive): sync's best is bracketed for every optimizer, and
     delayed's too for the ``lr_sweep`` ones (finding 4 reports both optima)."""
     modes = ("sync", "delayed") if opt in p.llm.lr_sweep else ("sync",)
-    return adaptive_lrs(out, p.llm.lrs[opt], grid_runs_at(p, opt), modes, p.llm.lr_extend)
+    return adaptive_lrs(src, p.llm.lrs[opt], grid_runs_at(p, opt), modes, p.llm.lr_extend)
 
 
-def grid(p: Preset, out: Path) -> list[LLMRun]:
+def grid(p: Preset, src) -> list[LLMRun]:
     """Findings 1 and 4: sync and delayed over every optimizer's lr grid (base seeds)."""
-    return [r for opt in p.llm.optimizers for lr in grid_lrs(p, out, opt)["lrs"] for r in grid_runs_at(p, opt)(lr)]
+    return [r for opt in p.llm.optimizers for lr in grid_lrs(p, src, opt)["lrs"] for r in grid_runs_at(p, opt)(lr)]
 
 
-def records(out: Path, runs: list[LLMRun], curves: bool = False) -> list[dict] | None:
-    """Rows for :func:`delaylab.llm.sweep.summarize` (mode = the run's label); None until all finished.
-    ``curves``: each row also carries its run's metrics.jsonl lines (``metrics``). ``issues``:
-    the run's breaches of the protocol (:func:`delaylab.reproduce.verdicts.protocol_issues`)."""
-    from delaylab.reproduce.verdicts import protocol_issues
-
-    rows, seen = [], set()
-    for r in runs:
-        if r.folder in seen:
-            continue
-        seen.add(r.folder)
-        s = read_summary(out, r)
-        if s is None:
-            return None
-        c = r.cell
-        rows.append({"optimizer": c.optimizer, "mode": r.label, "lr": c.lr, "momentum": c.momentum,
-                     "seed": c.seed, "val_loss": s.get("val_loss"), "run": r.folder, "variant": r.variant,
-                     "issues": protocol_issues(c.optimizer, c.momentum, r.base["steps"], r.base.get("warmup"))})
-        if curves:
-            rows[-1]["metrics"] = read_metrics(Path(out) / r.folder)
-    return rows
-
-
-def best_sync(p: Preset, out: Path) -> dict[str, dict] | None:
+def best_sync(p: Preset, src) -> dict[str, dict] | None:
     """``{optimizer: {"lr", "momentum", "censored", "lrs"}}``: each optimizer's best sync lr on its
     finished grid, by the mean over the base seeds; None until every grid has finished."""
     best = {}
     for opt in p.llm.optimizers:
-        g = grid_lrs(p, out, opt)
+        g = grid_lrs(p, src, opt)
         if not g["done"]:
             return None
         best[opt] = {"lr": g["best"]["sync"], "momentum": _momentum(p, opt), "censored": g["censored"].get("sync"),
@@ -211,7 +195,7 @@ def best_sync(p: Preset, out: Path) -> dict[str, dict] | None:
     return best
 
 
-def headline_seeds(p: Preset, out: Path, opt: str, best: dict) -> dict:
+def headline_seeds(p: Preset, src, opt: str, best: dict) -> dict:
     """The power rule on ``opt``'s best-sync-lr cell (sync, delayed and EF where EF is run)."""
     g = p.llm
     modes = ("sync", "delayed") + (("ef",) if "ef" in g.mitigations else ())
@@ -220,20 +204,20 @@ def headline_seeds(p: Preset, out: Path, opt: str, best: dict) -> dict:
     def runs_for(lo, hi):
         return _runs(MAIN, g.base, opt, row["lr"], row["momentum"], modes, range(lo, hi))
 
-    return power_seeds(out, runs_for, seeds(p, opt), g.max_seeds if opt in g.headline else None)
+    return power_seeds(src, runs_for, seeds(p, opt), g.max_seeds if opt in g.headline else None)
 
 
-def cell_seeds(p: Preset, out: Path, opt: str, best: dict) -> int:
-    return headline_seeds(p, out, opt, best)["seeds"] if opt in p.llm.headline else seeds(p, opt)
+def cell_seeds(p: Preset, src, opt: str, best: dict) -> int:
+    return headline_seeds(p, src, opt, best)["seeds"] if opt in p.llm.headline else seeds(p, opt)
 
 
-def headline(p: Preset, out: Path, best: dict) -> list[LLMRun]:
+def headline(p: Preset, src, best: dict) -> list[LLMRun]:
     """The headline cells' runs, seeds by the power rule."""
     g = p.llm
     modes = ("sync", "delayed") + (("ef",) if "ef" in g.mitigations else ())
     return [r for opt in g.headline
             for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"], modes,
-                           headline_seeds(p, out, opt, best)["seeds"])]
+                           headline_seeds(p, src, opt, best)["seeds"])]
 
 
 def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
@@ -246,14 +230,14 @@ def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
     return MAIN, p.llm.base
 
 
-def mitigations(p: Preset, best: dict, out: Path | None = None) -> list[LLMRun]:
+def mitigations(p: Preset, best: dict, src=None) -> list[LLMRun]:
     """Finding 2: every mitigation at each optimizer's best sync lr (EF of a headline cell at its seeds)."""
     runs = []
     for opt in p.llm.optimizers:
         row = best[opt]
         for m in p.llm.mitigations:
             variant, base = variant_base(p, m)
-            n = cell_seeds(p, out, opt, best) if m == "ef" and out is not None else seeds(p, opt)
+            n = cell_seeds(p, src, opt, best) if m == "ef" and src is not None else seeds(p, opt)
             runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), n, label=m)
     return runs
 
@@ -265,49 +249,49 @@ def neighbours(lrs, best: float) -> list[float]:
     return lrs[max(0, i - 1):i + 2]
 
 
-def ef_grid(p: Preset, out: Path, opt: str, best: dict) -> dict:
+def ef_grid(p: Preset, src, opt: str, best: dict) -> dict:
     """EF's own lr grid: the three lrs around the best sync lr, grown at an edge of EF's best."""
     g = p.llm
 
     def runs_at(lr):
         return _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))
 
-    return adaptive_lrs(out, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("ef",), g.lr_extend)
+    return adaptive_lrs(src, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("ef",), g.lr_extend)
 
 
-def ef_lrs(p: Preset, best: dict, out: Path) -> list[LLMRun]:
+def ef_lrs(p: Preset, best: dict, src) -> list[LLMRun]:
     """EF over its own lr grid (recovery against lr; EF's own best lr)."""
     g = p.llm
-    return [r for opt in g.ef_lrs for lr in ef_grid(p, out, opt, best)["lrs"]
+    return [r for opt in g.ef_lrs for lr in ef_grid(p, src, opt, best)["lrs"]
             for r in _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))]
 
 
-def momentum_grid(p: Preset, out: Path, opt: str, mom: float, best: dict) -> dict:
+def momentum_grid(p: Preset, src, opt: str, mom: float, best: dict) -> dict:
     """One momentum's lr grid: the three lrs around the default momentum's best sync lr, grown at
     an edge of sync's or delayed's best (so each is tuned at this momentum). At the optimizer's
     own momentum it is the main grid (the same runs, one grid)."""
     g = p.llm
     if mom == _momentum(p, opt):
-        main = grid_lrs(p, out, opt)
+        main = grid_lrs(p, src, opt)
         if opt in g.lr_sweep:
             return main
 
     def runs_at(lr):
         return _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))
 
-    return adaptive_lrs(out, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("sync", "delayed"),
+    return adaptive_lrs(src, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("sync", "delayed"),
                         g.lr_extend)
 
 
-def momentum(p: Preset, best: dict, out: Path) -> list[LLMRun]:
+def momentum(p: Preset, best: dict, src) -> list[LLMRun]:
     """Finding 3: sync and delayed over the momentum grid, each momentum over its own lr grid."""
     g = p.llm
     return [r for opt, grid_ in g.momenta.items() for mom in grid_
-            for lr in momentum_grid(p, out, opt, mom, best)["lrs"]
+            for lr in momentum_grid(p, src, opt, mom, best)["lrs"]
             for r in _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))]
 
 
-def overhead_plan(p: Preset, out: Path, best: dict) -> dict[tuple, dict]:
+def overhead_plan(p: Preset, src, best: dict) -> dict[tuple, dict]:
     """``{(optimizer, mode, seed): overhead_runs(...)}`` for the ``overhead`` optimizers' delayed
     (and EF) runs at the best sync lr, base seeds."""
     g = p.llm
@@ -319,7 +303,7 @@ def overhead_plan(p: Preset, out: Path, best: dict) -> dict[tuple, dict]:
             sync = _runs(MAIN, g.base, opt, row["lr"], row["momentum"], ("sync",), [s])[0]
             for mode in modes:
                 other = _runs(MAIN, g.base, opt, row["lr"], row["momentum"], (mode,), [s])[0]
-                res[(opt, mode, s)] = overhead_runs(out, g.base, sync, other, g.overhead_lengths)
+                res[(opt, mode, s)] = overhead_runs(src, g.base, sync, other, g.overhead_lengths)
     return res
 
 
@@ -386,7 +370,7 @@ def axis_variant(size: str, ratio: float) -> str:
     return f"axis-{size}-{ratio:g}tpp"
 
 
-def axis_scan(p: Preset, out: Path, size: str, ratio: float, opt: str) -> dict:
+def axis_scan(p: Preset, src, size: str, ratio: float, opt: str) -> dict:
     """The sync lr scan at one point (``scan_seeds`` seeds), grown at an edge."""
     s = p.scale
     base = axis_base(p, size, ratio)
@@ -394,10 +378,10 @@ def axis_scan(p: Preset, out: Path, size: str, ratio: float, opt: str) -> dict:
     def runs_at(lr):
         return _runs(axis_variant(size, ratio), base, opt, lr, s.momentum.get(opt), ("sync",), s.scan_seeds)
 
-    return adaptive_lrs(out, s.lrs[opt], runs_at, ("sync",), s.lr_extend)
+    return adaptive_lrs(src, s.lrs[opt], runs_at, ("sync",), s.lr_extend)
 
 
-def axis_cell(p: Preset, out: Path, size: str, ratio: float, opt: str, lr: float) -> dict:
+def axis_cell(p: Preset, src, size: str, ratio: float, opt: str, lr: float) -> dict:
     """The point's runs at ``lr``: ``modes`` x seeds, by the power rule (sync and delayed decide)."""
     s = p.scale
     base = axis_base(p, size, ratio)
@@ -405,16 +389,16 @@ def axis_cell(p: Preset, out: Path, size: str, ratio: float, opt: str, lr: float
     def runs_for(lo, hi):
         return _runs(axis_variant(size, ratio), base, opt, lr, s.momentum.get(opt), s.modes, range(lo, hi))
 
-    power = power_seeds(out, runs_for, s.seeds, s.max_seeds)
+    power = power_seeds(src, runs_for, s.seeds, s.max_seeds)
     return {"runs": runs_for(0, power["seeds"]), "power": power}
 
 
-def axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
+def axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
     """Every axis run decidable now, and ``{(size, ratio, opt): {"scan", "lr", "cell"}}`` once all are done."""
     runs, table, done = [], {}, True
     for size, ratio in p.scale.points():
         for opt in p.scale.optimizers:
-            scan = axis_scan(p, out, size, ratio, opt)
+            scan = axis_scan(p, src, size, ratio, opt)
             runs += [r for lr in scan["lrs"] for r in _runs(axis_variant(size, ratio), axis_base(p, size, ratio), opt,
                                                             lr, p.scale.momentum.get(opt), ("sync",),
                                                             p.scale.scan_seeds)]
@@ -422,7 +406,7 @@ def axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
                 done = False
                 continue
             lr = scan["best"]["sync"]
-            cell = axis_cell(p, out, size, ratio, opt, lr)
+            cell = axis_cell(p, src, size, ratio, opt, lr)
             runs += cell["runs"]
             done = done and cell["power"]["done"]
             table[(size, ratio, opt)] = {"scan": scan, "lr": lr, "cell": cell}
@@ -453,17 +437,17 @@ def _lattice(p: Preset, opt: str, lr: float) -> float:
     return lr0 * 2.0 ** round(math.log2(lr / lr0))
 
 
-def delay_sync_grid(p: Preset, out: Path, opt: str) -> dict:
+def delay_sync_grid(p: Preset, src, opt: str) -> dict:
     g = p.delays
     variant, base = delay_sync(p)
 
     def runs_at(lr):
         return _runs(variant, base, opt, lr, g.momentum.get(opt), ("sync",), g.scan_seeds)
 
-    return adaptive_lrs(out, g.lrs[opt], runs_at, ("sync",), g.lr_extend)
+    return adaptive_lrs(src, g.lrs[opt], runs_at, ("sync",), g.lr_extend)
 
 
-def delay_mode_grid(p: Preset, out: Path, name: str, opt: str, mode: str, start: float) -> dict:
+def delay_mode_grid(p: Preset, src, name: str, opt: str, mode: str, start: float) -> dict:
     """A mode's lr grid at a tuned setting: the three lattice lrs around ``start``, grown at an edge."""
     g = p.delays
     s = g.setting(name)
@@ -472,7 +456,7 @@ def delay_mode_grid(p: Preset, out: Path, name: str, opt: str, mode: str, start:
     def runs_at(lr):
         return _runs(f"delays-{name}", base, opt, lr, g.momentum.get(opt), (mode,), g.scan_seeds)
 
-    return adaptive_lrs(out, [start / 2, start, start * 2], runs_at, (mode,), g.lr_extend)
+    return adaptive_lrs(src, [start / 2, start, start * 2], runs_at, (mode,), g.lr_extend)
 
 
 def interpolate_lr(p: Preset, opt: str, optima: dict[float, float], mean_delay: float) -> float:
@@ -492,7 +476,7 @@ def interpolate_lr(p: Preset, opt: str, optima: dict[float, float], mean_delay: 
     return _lattice(p, opt, math.exp((1 - w) * math.log(optima[lo]) + w * math.log(optima[hi])))
 
 
-def delay_lrs(p: Preset, out: Path) -> tuple[list[LLMRun], dict, bool]:
+def delay_lrs(p: Preset, src) -> tuple[list[LLMRun], dict, bool]:
     """The lr grids' runs decidable now, the lrs decided so far and whether all are:
     ``{"sync": {opt: grid}, (setting, opt, mode): {"lr", "grid" (None where interpolated), "tuned"}}``.
     A tuned setting's grid starts once the previous one's has finished; the interpolated lrs once
@@ -501,7 +485,7 @@ def delay_lrs(p: Preset, out: Path) -> tuple[list[LLMRun], dict, bool]:
     runs, lrs, done = [], {"sync": {}}, True
     variant, base = delay_sync(p)
     for opt in g.optimizers:
-        grid = delay_sync_grid(p, out, opt)
+        grid = delay_sync_grid(p, src, opt)
         runs += [r for lr in grid["lrs"] for r in _runs(variant, base, opt, lr, g.momentum.get(opt), ("sync",),
                                                          g.scan_seeds)]
         if not grid["done"]:
@@ -511,7 +495,7 @@ def delay_lrs(p: Preset, out: Path) -> tuple[list[LLMRun], dict, bool]:
         for mode in dict.fromkeys(m for s in g.settings for m in g.modes_of(s)):
             start, tuned = grid["best"]["sync"], True
             for name in (n for n in g.tuned if mode in g.modes_of(g.setting(n))):
-                mg = delay_mode_grid(p, out, name, opt, mode, start)
+                mg = delay_mode_grid(p, src, name, opt, mode, start)
                 runs += [r for lr in mg["lrs"] for r in _runs(f"delays-{name}", delay_base(p, g.setting(name)), opt,
                                                                lr, g.momentum.get(opt), (mode,), g.scan_seeds)]
                 if not mg["done"]:
@@ -548,7 +532,7 @@ def delay_cells(p: Preset, lrs: dict) -> dict[tuple, list[LLMRun]]:
     return cells
 
 
-def delay_overhead(p: Preset, out: Path, cells: dict) -> dict[tuple, dict]:
+def delay_overhead(p: Preset, src, cells: dict) -> dict[tuple, dict]:
     """``{(setting, opt, mode, seed): overhead_runs(...)}`` for the ``overhead`` settings and modes."""
     g = p.delays
     res = {}
@@ -560,19 +544,19 @@ def delay_overhead(p: Preset, out: Path, cells: dict) -> dict[tuple, dict]:
                     continue
                 for seed in range(g.overhead_seeds):
                     sync, other = cells[(name, opt, "sync")][seed], cells[(name, opt, mode)][seed]
-                    res[(name, opt, mode, seed)] = overhead_runs(out, delay_base(p, s), sync, other,
+                    res[(name, opt, mode, seed)] = overhead_runs(src, delay_base(p, s), sync, other,
                                                                  g.overhead_lengths)
     return res
 
 
-def delay_axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
+def delay_axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
     """Every delay-axis run decidable now, and once all are finished ``{"lrs", "cells", "overhead"}``."""
-    runs, lrs, done = delay_lrs(p, out)
+    runs, lrs, done = delay_lrs(p, src)
     cells = delay_cells(p, lrs)
     runs += [r for rs in cells.values() for r in rs]
-    overhead = delay_overhead(p, out, cells)
+    overhead = delay_overhead(p, src, cells)
     runs += [r for o in overhead.values() for r in o["runs"]]
-    finished = (done and all(read_summary(out, r) is not None for r in runs)
+    finished = (done and all(src.summary(r) is not None for r in runs)
                 and all(o["done"] for o in overhead.values()))
     return runs, ({"lrs": lrs, "cells": cells, "overhead": overhead} if finished else None)
 
@@ -630,30 +614,30 @@ def toy(p: Preset) -> dict[str, list[ToyRun]]:
 # -- everything ----------------------------------------------------------------------------------------
 
 
-def llm_runs(p: Preset, out: Path) -> list[LLMRun]:
+def llm_runs(p: Preset, src) -> list[LLMRun]:
     """Every GPT run of the report decidable now (also what runs.jsonl lists at the end)."""
     runs = []
     if p.scale is not None:
-        runs += axis(p, out)[0]
+        runs += axis(p, src)[0]
     if p.delays is not None:
-        runs += delay_axis(p, out)[0]
+        runs += delay_axis(p, src)[0]
     if p.llm is not None:
-        runs += grid(p, out)
+        runs += grid(p, src)
     if p.schedules is not None:
         runs += [r for group in schedules(p).values() for r in group]
     if p.llm is not None:
-        best = best_sync(p, out)
+        best = best_sync(p, src)
         if best is not None:
-            runs += headline(p, out, best) + mitigations(p, best, out) + momentum(p, best, out)
-            runs += ef_lrs(p, best, out)
-            runs += [r for rec in overhead_plan(p, out, best).values() for r in rec["runs"]]
+            runs += headline(p, src, best) + mitigations(p, best, src) + momentum(p, best, src)
+            runs += ef_lrs(p, best, src)
+            runs += [r for rec in overhead_plan(p, src, best).values() for r in rec["runs"]]
             runs += [r for group in ablations(p, best).values() for r in group]
     return runs
 
 
-def plan(p: Preset, out: Path) -> list:
+def plan(p: Preset, src) -> list:
     """Every run the report needs that can be decided now."""
-    runs: list = llm_runs(p, out)
+    runs: list = llm_runs(p, src)
     if p.toy is not None:
         runs += [r for group in toy(p).values() for r in group]
     return _unique(runs)

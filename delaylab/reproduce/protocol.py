@@ -1,7 +1,7 @@
 """The protocol's own parts of the report: the ablations (7) and the scale axis (8).
 
-Like :mod:`delaylab.reproduce.findings`, each reads its runs' ``summary.json`` and
-``metrics.jsonl`` under ``DIR`` and returns a JSON-ready part; neither is one of the paper's six
+Like :mod:`delaylab.reproduce.findings`, each reads its runs from the
+:class:`~delaylab.reproduce.ledger.Ledger` and returns a JSON-ready part; neither is one of the paper's six
 findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 
 - **Ablations** at the best sync lr: warmup (the base's 5% against ``warmup_fractions``), run
@@ -16,17 +16,12 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import stats as S
 from delaylab.reproduce.findings import cell_row, diagnostics_of
 from delaylab.reproduce.verdicts import qualitative
-from delaylab.reproduce.presets import Preset
-from delaylab.reproduce.runner import read_summary
 
 # The paper's 360M figures the axes head toward (DESIGN.md; arXiv:2606.30634), at 20 tokens per parameter.
 PAPER_SCALE = {"adamw_gap": 0.278, "muon_gap": 0.012, "gap_ratio": 0.278 / 0.012, "adamw_ef": (50.0, 90.0),
@@ -51,16 +46,16 @@ def _seed_map(rows: list[dict], opt: str, mode: str) -> dict[int, float | None]:
     return {r["seed"]: r["val_loss"] for r in rows if (r["optimizer"], r["mode"]) == (opt, mode)}
 
 
-def _setting(rows: list[dict], opt: str, lr: float, mom, fix: str | None = "ef") -> dict:
+def _setting(L, rows: list[dict], opt: str, lr: float, mom, fix: str | None = "ef") -> dict:
     """Gap, the fix's gap and recovery, iso-loss overheads and diagnostics of one (opt, lr, mom)."""
     sel = [r for r in rows if (r["optimizer"], r["lr"], r["momentum"]) == (opt, lr, mom)]
     modes = ("sync", "delayed") + ((fix,) if fix and any(r["mode"] == fix for r in sel) else ())
     cell = cell_row(sel, opt, lr, mom, modes)
     renamed = [dict(r, mode="ef") if r["mode"] == fix else r for r in sel if r["mode"] in modes]
-    grid = summarize(renamed)["grid"][0]
+    grid = summarize(renamed, diagnostics=False)["grid"][0]
     out = {"optimizer": opt, "lr": lr, "gap": cell["gap"], "runs": cell["runs"],
            "overhead": {m: v for m, v in (grid.get("overhead") or {}).items()},
-           "diagnostics": diagnostics_of(grid)}
+           "diagnostics": diagnostics_of(L, {("ef" if m == fix else m): f for m, f in cell["runs"].items()})}
     if len(modes) == 3:
         rec = grid.get("ef_recovered_pct") or {}
         out["fix"] = fix
@@ -81,22 +76,22 @@ def recovery_text(rec: dict | None, unstable: str = " (gap not resolved)") -> st
     return f"{rec['ratio_of_means']:.0f}% {S.ci_text(rec, '.0f')}" + (unstable if rec.get("unstable") else "")
 
 
-def ablations(p: Preset, out: Path) -> dict:
+def ablations(L) -> dict:
+    p, best = L.preset, L.best
     g = p.llm
-    best = P.best_sync(p, out)
     groups = P.ablations(p, best)
     seeds = range(g.ablation_seeds or g.seeds)  # the 1x reference on the ablations' seeds
-    base_runs = [r for r in P.grid(p, out) + P.mitigations(p, best, out)
+    base_runs = [r for r in P.grid(p, L) + P.mitigations(p, best, L)
                  if r.cell.optimizer in g.ablation_optimizers and r.cell.lr == best[r.cell.optimizer]["lr"]
                  and r.label in ("sync", "delayed", "ef") and r.variant == P.MAIN and r.cell.seed in seeds]
-    base = P.records(out, base_runs, curves=True)
+    base = L.records(base_runs, curves=True)
     warmup, length, dc, verdicts = [], [], [], []
     default_warmup = f"{round(100 * (g.base.get('warmup', g.base['steps'] // 20)) / g.base['steps'])}%"
     for opt in g.ablation_optimizers:
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
-        ref = _setting(base, opt, lr, mom)
+        ref = _setting(L, base, opt, lr, mom)
         for name in [n for n in groups if n.startswith("warmup-")]:
-            var = _setting(P.records(out, groups[name], curves=True), opt, lr, mom)
+            var = _setting(L, L.records(groups[name], curves=True), opt, lr, mom)
             change = _difference(ref["gap"], var["gap"])
             warmup.append({"optimizer": opt, "settings": {f"warmup-{default_warmup}": ref, name: var},
                            "gap_change": change})
@@ -106,8 +101,8 @@ def ablations(p: Preset, out: Path) -> dict:
                 + ("resolved" if _sign(change) else "not resolved") + f"); EF recovers "
                 f"{recovery_text(ref.get('recovered'))} -> {recovery_text(var.get('recovered'))}.")
         for name in [n for n in groups if n.startswith("length-")]:
-            rows = P.records(out, groups[name], curves=True)
-            var = _setting(rows, opt, lr, mom)
+            rows = L.records(groups[name], curves=True)
+            var = _setting(L, rows, opt, lr, mom)
             change = _difference(ref["gap"], var["gap"])
             sync_1x = {r["seed"]: r["metrics"] for r in base if (r["optimizer"], r["mode"]) == (opt, "sync")}
             cross = {}
@@ -129,8 +124,8 @@ def ablations(p: Preset, out: Path) -> dict:
                 f"{metrics.fmt_overhead(cross.get('delayed'))} x the 1x run's.")
         dc_rows = []
         for name in [n for n in groups if n.startswith("dc-asgd")]:
-            rows = P.records(out, groups[name]) + [r for r in base if r["mode"] in ("sync", "delayed")]
-            s = _setting(rows, opt, lr, mom, fix=name)
+            rows = L.records(groups[name]) + [r for r in base if r["mode"] in ("sync", "delayed")]
+            s = _setting(L, rows, opt, lr, mom, fix=name)
             lam = None if name == "dc-asgd-a" else float(name[len("dc-asgd-"):])
             dc_rows.append({"optimizer": opt, "variant": name, "lambda": lam, "fix_gap": s.get("fix_gap"),
                             "recovered": s.get("recovered"), "runs": s["runs"]})
@@ -212,18 +207,18 @@ def _toward(change: dict, value, target) -> str:
     return f"{word}, " + ("toward" if toward else "away from") + " the paper's"
 
 
-def scale(p: Preset, out: Path) -> dict:
+def scale(L) -> dict:
+    p, cells = L.preset, L.axis
     s = p.scale
-    _, cells = P.axis(p, out)
     points, table = s.points(), []
     for size, ratio in points:
         entry = {"size": size, "tokens_per_param": ratio, "optimizers": {}}
         cols = {}
         for opt in s.optimizers:
             c = cells[(size, ratio, opt)]
-            rows = P.records(out, c["cell"]["runs"], curves=True)
-            setting = _setting(rows, opt, c["lr"], s.momentum.get(opt))
-            summary = read_summary(out, c["cell"]["runs"][0])
+            rows = L.records(c["cell"]["runs"], curves=True)
+            setting = _setting(L, rows, opt, c["lr"], s.momentum.get(opt))
+            summary = L.summary(c["cell"]["runs"][0])
             entry.update(params=summary["params"], steps=P.axis_base(p, size, ratio)["steps"],
                          tokens=summary.get("tokens"))
             setting["overhead"] = {}  # not measured on the axes (no longer runs): absent, not a bound

@@ -1,9 +1,10 @@
-"""``DIR/report.json`` and ``DIR/report.md`` from the runs in ``DIR``.
+"""The report (``report.json``) from a :class:`~delaylab.reproduce.ledger.Ledger`.
 
-:func:`build` reads every finding (:mod:`delaylab.reproduce.findings`), draws the figures and
-lists the commands that make each run; :func:`markdown` renders the JSON as Markdown and
-nothing else, so the two always say the same. The ``session`` entry (wall time, how many runs
-were computed or read) is the only part that differs between a straight and a resumed run.
+:func:`build` reads every finding (:mod:`delaylab.reproduce.findings`), names (or draws) the
+figures and lists the commands that make each run; :func:`delaylab.reproduce.markdown.markdown`
+renders the JSON as Markdown and nothing else, so the two always say the same. The ``session``
+entry (wall time, how many runs were computed or read) is the only part that differs between a
+straight and a resumed run.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 
 from delaylab.reproduce import delays, figures, findings, protocol
 from delaylab.reproduce import plan as P
+from delaylab.reproduce.ledger import RUNS, Ledger
 from delaylab.reproduce.presets import Preset
 
 REPORT_VERSION = 3  # 3: three-valued verdicts, Fieller intervals, adaptive grids, runs.jsonl (issue 24)
-RUNS = "runs.jsonl"  # one line per GPT run, beside report.json (see runs_jsonl)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -98,18 +99,18 @@ def toy_commands(p: Preset) -> list[str]:
     return cmds
 
 
-def commands(p: Preset, out: Path) -> dict[str, list[str]]:
+def commands(L: Ledger) -> dict[str, list[str]]:
     """Per part, commands that make (or, rerun, read) exactly its runs."""
-    o = str(out)
+    p, o = L.preset, L.out
     cmds: dict[str, list[str]] = {}
     if p.llm is not None:
-        best = P.best_sync(p, out)
-        grid = P.grid(p, out)
-        longer = [r for rec in P.overhead_plan(p, out, best).values() for r in rec["runs"] if r.variant != P.MAIN]
+        best = L.best
+        grid = P.grid(p, L)
+        longer = [r for rec in L.overhead.values() for r in rec["runs"] if r.variant != P.MAIN]
         cmds.update({
-            "optimizers": llm_commands(grid + P.headline(p, out, best), o) + llm_commands(longer, o),
-            "mitigations": llm_commands(P.mitigations(p, best, out) + P.ef_lrs(p, best, out), o),
-            "momentum": llm_commands(P.momentum(p, best, out), o),
+            "optimizers": llm_commands(grid + P.headline(p, L, best), o) + llm_commands(longer, o),
+            "mitigations": llm_commands(P.mitigations(p, best, L) + P.ef_lrs(p, best, L), o),
+            "momentum": llm_commands(P.momentum(p, best, L), o),
             "learning_rate": llm_commands([r for r in grid if r.cell.optimizer in p.llm.lr_sweep], o),
             "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g], o),
         })
@@ -118,9 +119,9 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
     if p.toy is not None:
         cmds["toy"] = toy_commands(p)
     if p.scale is not None:
-        cmds["scale"] = llm_commands(P.axis(p, out)[0], o)
+        cmds["scale"] = llm_commands(P.axis(p, L)[0], o)
     if p.delays is not None:
-        cmds["delays"] = llm_commands(P.delay_axis(p, out)[0], o)
+        cmds["delays"] = llm_commands(P.delay_axis(p, L)[0], o)
     return cmds
 
 
@@ -149,11 +150,13 @@ def parts_of(p: Preset) -> list:
 # -- the report ---------------------------------------------------------------------------------------
 
 
-def build(p: Preset, out: Path, sessions: list[dict] | None = None) -> dict:
-    """The report of the runs in ``out``; ``sessions``: the invocations that made them (the last is this one)."""
-    parts = {f.__name__: f(p, out) for f in parts_of(p)}
-    figs = figures.write(parts, out)
-    cmds = commands(p, out)
+def build(L: Ledger, draw: Path | None = None) -> dict:
+    """The report of the Ledger's runs; ``draw``: the folder to draw the figures in (None: only
+    named). ``sessions`` are the Ledger's: the invocations that made its runs (the last is this one)."""
+    p, out, sessions = L.preset, L.out, L.sessions
+    parts = {f.__name__: f(L) for f in parts_of(p)}
+    figs = figures.names(parts) if draw is None else figures.write(parts, L, draw)
+    cmds = commands(L)
     for key, part in parts.items():
         part["figure"] = figs.get(key)
         part["commands"] = cmds.get(key, [])
@@ -165,62 +168,4 @@ def build(p: Preset, out: Path, sessions: list[dict] | None = None) -> dict:
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
             "summary": summary, "theory_column": theory, "parts": list(parts.values()), "sessions": sessions or [],
-            "session": (sessions or [{}])[-1], "runs_file": RUNS}
-
-
-# -- runs.jsonl -----------------------------------------------------------------------------------------
-
-
-def runs_jsonl(p: Preset, out: Path) -> list[dict]:
-    """One object per GPT run of the report (the plan's runs at its fixed point), enough to
-    recompute every number of the report without delaylab: what the run was (optimizer, mode,
-    correction, delay, lr, momentum, seed, the model preset and the report's, the run's variant
-    and label), its size (params, steps, tokens, tokens_per_param) and its result (final
-    ``val_loss``, None where it diverged, and ``val_curve``: [tokens, val_loss] at every validation).
-    Toy runs, which are not GPT runs, follow as ``{"kind": "toy", ...}`` with their rate points."""
-    from delaylab.llm.config import Config
-    from delaylab.llm.sweep import read_metrics
-    from delaylab.reproduce.runner import read_summary
-
-    lines = []
-    for r in P._unique(P.llm_runs(p, out)):
-        summary = read_summary(out, r)
-        cfg = r.cell.config(Config.from_dict(r.base))
-        curve = [[m["tokens"], m["val_loss"]] for m in read_metrics(Path(out) / r.folder)
-                 if m.get("val_loss") is not None]
-        params = summary.get("params")
-        tokens = summary.get("tokens") if summary.get("tokens") is not None else (curve[-1][0] if curve else None)
-        lines.append({
-            "kind": "gpt", "optimizer": r.cell.optimizer, "mode": r.label, "sweep_mode": r.cell.mode,
-            "correction": cfg.delay.correction, "delay": cfg.delay.delay, "delay_dist": cfg.delay.delay_dist,
-            "n_layer": r.base.get("n_layer"), "lr": r.cell.lr,
-            "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": p.name,
-            "variant": r.variant, "folder": r.folder, "params": params, "steps": cfg.run.steps,
-            "batch_size": cfg.data.batch_size, "block_size": cfg.model.block_size,
-            "warmup": r.base.get("warmup"), "sync_start": r.base.get("sync_start", 0),
-            "sync_cooldown": r.base.get("sync_cooldown", 0), "dc_lambda": r.base.get("dc_lambda"),
-            "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
-            "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
-            "ns_dtype": summary.get("ns_dtype"), "val_curve": curve})
-    if p.toy is not None:
-        for r in [r for g in P.toy(p).values() for r in g]:
-            res = read_summary(out, r)
-            if r.task == "rates":
-                lines.append({"kind": "toy", "task": "rates", "name": r.name, "folder": r.folder,
-                              "problem": res["problem"], "method": res["method"], "delay": res["delay"],
-                              "correction": res["correction"], "exponent": res["exponent"],
-                              "tolerance": res["tolerance"], "holds": res["holds"],
-                              "points": [{k: pt[k] for k in ("T", "measured", "bound", "ci")} for pt in res["points"]]})
-    return lines
-
-
-def ns_dtypes(lines: list[dict]) -> dict:
-    """``{dtype: runs}`` of the Newton-Schulz iterations the report's Muon/LMO runs computed in."""
-    out: dict = {}
-    for line in lines:
-        if line.get("ns_dtype"):
-            out[line["ns_dtype"]] = out.get(line["ns_dtype"], 0) + 1
-    return out
-
-
-# -- Markdown -----------------------------------------------------------------------------------------
+            "session": (sessions or [{}])[-1], "runs_file": RUNS, "ns_dtypes": L.ns_dtypes()}

@@ -33,7 +33,7 @@ def _runs(folder: Path) -> list[dict]:
 
 
 def _rows(p: Preset, lines: list[dict]) -> list[dict]:
-    """runs.jsonl's main-grid GPT lines as the findings' rows (:func:`plan.records`' fields)."""
+    """runs.jsonl's main-grid GPT lines as the findings' rows (:meth:`Ledger.records`' fields)."""
     return [{"optimizer": x["optimizer"], "mode": x["mode"], "lr": x["lr"], "momentum": x["momentum"],
              "seed": x["seed"], "val_loss": x["val_loss"], "run": x["folder"], "variant": x["variant"],
              "issues": V.protocol_issues(x["optimizer"], x["momentum"], x["steps"], x["warmup"])}
