@@ -143,7 +143,7 @@ def axis_gap_ratio(runs, size, tokens_per_param, momenta):
 def toy_holds(runs) -> tuple[int, int]:
     """(settings under the bound at its slope, settings): the upper 95% end of the measured mean
     at every T below the bound, and the least-squares log-log slope within the exponent + tolerance."""
-    toys = [r for r in runs if r.get("kind") == "toy"]
+    toys = [r for r in runs if r.get("kind") == "toy" and r.get("task") == "rates"]  # not the cost or compare runs
     held = 0
     for r in toys:
         xs = [math.log(p["T"]) for p in r["points"]]

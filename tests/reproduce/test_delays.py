@@ -9,6 +9,7 @@ import pytest
 
 from delaylab.errors import ConfigError
 from delaylab.reproduce import PRESETS, plan, reproduce
+from delaylab.reproduce.ledger import Folders
 from delaylab.reproduce.presets import DelayGrid, DelaySetting
 from delaylab.reproduce.markdown import markdown
 from delaylab.reproduce.verdicts import STATES, aggregate
@@ -123,7 +124,7 @@ def test_plan_rules_on_the_cpu_preset():
     # is 2.52e-3, whose nearest lattice point is 2e-3
     assert plan.interpolate_lr(p, "adamw", {1.0: 4e-3, 8.0: 1e-3}, 2.0) == pytest.approx(2e-3)
     assert plan.interpolate_lr(p, "adamw", {1.0: 4e-3, 8.0: 5e-4}, 0.5) == 4e-3  # outside: the nearest
-    runs = plan.plan(p, Path("/nonexistent-delaylab-folder"))
+    runs = plan.plan(p, Folders("/nonexistent-delaylab-folder"))
     assert {r.variant for r in runs} == {"delays-sync"}
     assert len(runs) == sum(len(g.lrs[o]) for o in g.optimizers) * g.scan_seeds
 

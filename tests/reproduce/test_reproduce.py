@@ -171,13 +171,14 @@ def test_resume_reruns_only_what_is_missing_and_gives_the_same_report(made, tmp_
     from delaylab.llm.config import Config
     from delaylab.llm.run.trainer import train
     from delaylab.reproduce import plan as P
+    from delaylab.reproduce.ledger import Folders
     from delaylab.reproduce.presets import get_preset
 
     out, rep = made
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     p = get_preset("ci")
-    grid = P.grid(p, out)
+    grid = P.grid(p, Folders(out))
     gone, stopped = grid[0], grid[-1]
     shutil.rmtree(copy / gone.folder)                      # never run
     shutil.rmtree(copy / stopped.folder)                   # killed half way: a checkpoint, no summary
@@ -229,12 +230,13 @@ def test_a_cluster_signal_stops_the_pool_records_the_session_exits_75_and_the_re
 
     from delaylab.errors import Preempted
     from delaylab.reproduce import plan as P
+    from delaylab.reproduce.ledger import Folders
     from delaylab.reproduce.presets import get_preset
 
     out, rep = made
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    gone = [r.folder for r in P.grid(get_preset("ci"), out)[-8:]]
+    gone = [r.folder for r in P.grid(get_preset("ci"), Folders(out))[-8:]]
     for folder in gone:
         shutil.rmtree(copy / folder)
     log = tmp_path / "stderr"  # a file, not a pipe: a worker left running would hold a pipe open
@@ -516,6 +518,32 @@ def test_runs_jsonl_alone_recomputes_the_headline_numbers(made):
             assert _close(m, st["gap"]["mean"]) and np.allclose(ci, st["gap"]["ci"], rtol=1e-9)
     held, n = R.toy_holds(runs)
     assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
+
+
+def test_after_settle_no_run_folder_is_opened(made):
+    """The Ledger settled from the run folders builds the report on disk with the folders gone, and
+    the Ledger read back from runs.jsonl (and report.json, sessions.jsonl) renders the same report."""
+    from delaylab._io import dumps
+    from delaylab.reproduce import ledger, report
+    from delaylab.reproduce.presets import get_preset
+
+    out, rep = made
+    on_disk = _load(out / "report.json")
+    sessions = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
+    book = ledger.settle(get_preset("ci"), out, sessions)
+    away = out.with_name(out.name + "-away")
+    out.rename(away)
+    try:
+        built = json.loads(dumps(report.build(book)))
+        assert not out.exists()
+    finally:
+        away.rename(out)
+    assert built == on_disk
+    assert (out / "report.md").read_text() == markdown(built)
+    again = ledger.read(out)
+    assert again.carried == {}  # a runs.jsonl the Ledger wrote holds everything: nothing taken from report.json
+    assert json.loads(dumps(report.build(again))) == on_disk
+    assert again.decisions() == book.decisions() and book.decisions()["best_sync"]
 
 
 def test_rescore_of_a_committed_report_is_a_fixed_point_and_a_missing_report_exits_2(tmp_path, capsys):

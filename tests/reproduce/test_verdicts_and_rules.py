@@ -7,6 +7,7 @@ import pytest
 
 from delaylab.llm.sweep import Cell
 from delaylab.reproduce import plan as P
+from delaylab.reproduce.ledger import Folders
 from delaylab.reproduce import verdicts as V
 from delaylab.reproduce.runner import LLMRun
 
@@ -101,15 +102,15 @@ def test_an_lr_grid_grows_at_its_edge_up_to_the_limit(tmp_path):
             for r in runs_at(lr):
                 _finish(tmp_path, r, loss[r.label](lr))
 
-    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    g = P.adaptive_lrs(Folders(tmp_path), [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
     assert not g["done"] and g["lrs"] == [1e-3, 2e-3, 4e-3]  # nothing finished yet
     finish_all(g["lrs"])
-    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    g = P.adaptive_lrs(Folders(tmp_path), [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
     assert not g["done"] and g["lrs"] == [5e-4, 1e-3, 2e-3, 4e-3]  # delayed's best at the low edge
     finish_all(g["lrs"])
-    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    g = P.adaptive_lrs(Folders(tmp_path), [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
     finish_all(g["lrs"])
-    g = P.adaptive_lrs(tmp_path, [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
+    g = P.adaptive_lrs(Folders(tmp_path), [1e-3, 2e-3, 4e-3], runs_at, ("sync", "delayed"), limit=2)
     assert g["done"] and g["lrs"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3] and g["extended"] == {"low": 2, "high": 0}
     assert g["best"] == {"sync": 2e-3, "delayed": 2.5e-4}
     assert g["censored"] == {"sync": None, "delayed": "low"}  # still at the edge after two steps: censored
@@ -127,19 +128,19 @@ def test_seeds_by_power_stop_when_the_gap_is_resolved_or_at_the_cap(tmp_path):
             _finish(tmp_path, _run("delayed", 1e-3, s), 2.0 + gaps[s])
 
     finish(2)
-    r = P.power_seeds(tmp_path, runs_for, 2, cap=6)
+    r = P.power_seeds(Folders(tmp_path), runs_for, 2, cap=6)
     assert not r["done"] and r["seeds"] == 4  # [0.30, 0.10]: the t interval is far wider than half the gap
     finish(4)
-    r = P.power_seeds(tmp_path, runs_for, 2, cap=6)
+    r = P.power_seeds(Folders(tmp_path), runs_for, 2, cap=6)
     from delaylab.llm.metrics import t_interval
 
     ci = t_interval(gaps[:4])
     assert (ci[1] - ci[0]) >= sum(gaps[:4]) / 4 / 2 and r["seeds"] == 6 and not r["done"]
     finish(6)
-    r = P.power_seeds(tmp_path, runs_for, 2, cap=6)
+    r = P.power_seeds(Folders(tmp_path), runs_for, 2, cap=6)
     assert r["done"] and r["seeds"] == 6 and r["resolved"] is (t_interval(gaps)[1] - t_interval(gaps)[0]
                                                                < sum(gaps) / 6 / 2)
-    assert P.power_seeds(tmp_path, runs_for, 2, cap=None)["seeds"] == 2  # not a headline cell: no more seeds
+    assert P.power_seeds(Folders(tmp_path), runs_for, 2, cap=None)["seeds"] == 2  # not a headline cell: no more seeds
 
 
 def test_overhead_reruns_longer_until_the_target_is_reached(tmp_path):
@@ -147,15 +148,15 @@ def test_overhead_reruns_longer_until_the_target_is_reached(tmp_path):
     delayed = _run("delayed", 1e-3, 0)
     _finish(tmp_path, sync, 2.0, [3.0, 2.5, 2.0])
     _finish(tmp_path, delayed, 2.2, [3.2, 2.6, 2.2])  # misses 2.0
-    r = P.overhead_runs(tmp_path, BASE, sync, delayed, (1.5, 2, 4))
+    r = P.overhead_runs(Folders(tmp_path), BASE, sync, delayed, (1.5, 2, 4))
     assert not r["done"] and [x.variant for x in r["runs"]] == ["main", "length-1.5x"]
     longer = r["runs"][1]
     assert longer.base["steps"] == 150 and longer.base["eval_every"] == 15 and longer.cell == delayed.cell
     _finish(tmp_path, longer, 2.1, [3.2, 2.6, 2.3, 2.1])  # still misses
-    r = P.overhead_runs(tmp_path, BASE, sync, delayed, (1.5, 2, 4))
+    r = P.overhead_runs(Folders(tmp_path), BASE, sync, delayed, (1.5, 2, 4))
     assert [x.variant for x in r["runs"]] == ["main", "length-1.5x", "length-2x"]
     _finish(tmp_path, r["runs"][2], 1.9, [3.2, 2.6, 2.3, 2.1, 1.9])  # crosses 2.0 between 400 and 500 tokens
-    r = P.overhead_runs(tmp_path, BASE, sync, delayed, (1.5, 2, 4))
+    r = P.overhead_runs(Folders(tmp_path), BASE, sync, delayed, (1.5, 2, 4))
     assert r["done"] and r["length"] == 2 and r["overhead"]["overhead"] == pytest.approx(450 / 300)
     # never reached at 4x: no number
     other = _run("delayed", 1e-3, 1)
@@ -164,7 +165,7 @@ def test_overhead_reruns_longer_until_the_target_is_reached(tmp_path):
     for variant, f in (("main", 1), ("length-1.5x", 1.5), ("length-2x", 2), ("length-4x", 4)):
         run = other if f == 1 else LLMRun(variant, P.length_base(BASE, f), other.cell, "delayed")
         _finish(tmp_path, run, 2.5, [3.0, 2.5])
-    r = P.overhead_runs(tmp_path, BASE, s1, other, (1.5, 2, 4))
+    r = P.overhead_runs(Folders(tmp_path), BASE, s1, other, (1.5, 2, 4))
     assert r["done"] and r["overhead"] is None and r["max_length"] == 4
 
 
