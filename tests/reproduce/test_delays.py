@@ -3,7 +3,6 @@ recomputed from runs.jsonl alone (tests/reproduce/recompute.py, plain Python).""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
