@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from delaylab.llm.metrics import t_interval
+    from delaylab.stats import t_interval
 
     root = Path(tempfile.mkdtemp(prefix="pipeline-ab-"))
     spb = {"before": [], "after": []}

@@ -17,7 +17,7 @@ an lr scan on seed 0 and the tuned cells on 4 seeds), and writes
     python scripts/beyond_moe.py --runs /work/runs/i28/moe --md table.md --figure docs/figures/beyond_moe.png \
         --jsonl docs/beyond/moe-cpu/runs.jsonl
 
-The intervals are delaylab.llm.metrics's (t, Welch, Fieller).
+The intervals are delaylab.stats' (t, Welch, Fieller).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from delaylab import stats
 from delaylab.llm import metrics
 
 MODELS = {  # folder -> label; the dense models match the MoE's active and total parameter counts
@@ -40,7 +41,7 @@ MODES = ("sync", "delayed", "ef")
 
 
 def t_interval(x: np.ndarray) -> list:
-    return metrics.t_interval(list(x))
+    return stats.t_interval(list(x))
 
 
 def read_cells(folder: Path) -> list[dict]:
@@ -122,7 +123,7 @@ def analyse(runs: Path) -> dict:
         g = {k: np.array(out["models"][k]["rows"][opt]["gap"]) for k in out["models"]}
         for other in (k for k in ("dense_h256", "dense_h1024") if k in g):
             comps[f"{opt}: MoE - {SHORT[other]}"] = {"mean": float(g["moe_e4k1_h256"].mean() - g[other].mean()),
-                                                    "ci": metrics.welch_interval(list(g[other]),
+                                                    "ci": stats.welch_interval(list(g[other]),
                                                                                  list(g["moe_e4k1_h256"]))}
     out["gap_differences"] = comps
     return out

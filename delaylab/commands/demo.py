@@ -17,14 +17,14 @@ LRS = {"adamw": 0.004, "muon": 0.02}
 
 def ordering(gaps: dict, first: str = "adamw", second: str = "muon") -> dict | None:
     """``first``'s delay gap minus ``second``'s, paired by seed, with its t interval."""
-    from delaylab.llm.metrics import describe
+    from delaylab.stats import sample
 
     rows = {r["optimizer"]: r for r in gaps["grid"] if "gap" in r}
     if first not in rows or second not in rows:
         return None
     a, b = rows[first]["gap"]["values"], rows[second]["gap"]["values"]
-    diff = describe([x - y for x, y in zip(a, b) if x is not None and y is not None])
-    lo = diff.get("ci_t", [None])[0]
+    diff = sample([x - y for x, y in zip(a, b) if x is not None and y is not None])
+    lo = (diff["ci"] or [None])[0]
     return {"difference": diff, "resolved": lo is not None and lo > 0, "pair": [first, second]}
 
 
@@ -48,7 +48,7 @@ def cmd_demo(args) -> int:
         o = g["ordering"]
         if o is not None:
             d = o["difference"]
-            ci = d.get("ci_t")
+            ci = d.get("ci")
             spread = "" if ci is None else f", 95% t interval [{ci[0]:+.3f}, {ci[1]:+.3f}]"
             verdict = ("resolved: a one-step delay hurts AdamW more than Muon, as the paper finds (360M: +0.278 vs "
                        "+0.012)") if o["resolved"] else "not resolved over these seeds"

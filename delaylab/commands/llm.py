@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from pathlib import Path
 
 from delaylab.commands import pipeline
@@ -76,13 +77,14 @@ def _per_optimizer(values: list[str] | None, flag: str, lower: float, upper: flo
 
 def render_gaps(g: dict) -> str:
     """The gap table of a sweep (``llm sweep``, ``demo``)."""
-    from delaylab.llm.metrics import fmt_overhead, fmt_set
+    from delaylab.llm.metrics import fmt_overhead
+    from delaylab.stats import fmt_set
 
     def f(v, fmt=".4f"):
         return "n/a" if v is None else format(v, fmt)
 
     def ci(s, fmt="+.3f"):
-        c = (s or {}).get("ci_t")
+        c = (s or {}).get("ci")
         return "n/a" if c is None else f"[{format(c[0], fmt)},{format(c[1], fmt)}]"
 
     from delaylab.llm.sweep import FIXES
@@ -126,7 +128,8 @@ def render_gaps(g: dict) -> str:
                     line += f" {'':>14} {'':>12}"
                     continue
                 left = sum(bool(x) for x in d["plateau_left"])
-                exit_ = f(d["plateau_exit"]["median"], ".0f") + f" ({left}/{len(d['plateau_left'])})"
+                exits = [x for x in d["plateau_exit"]["values"] if x is not None]
+                exit_ = f(statistics.median(exits) if exits else None, ".0f") + f" ({left}/{len(d['plateau_left'])})"
                 line += f" {f(d['spike']['mean'], '.3f'):>14} {exit_:>12}"
             lines.append(line)
         lines.append("spike: largest rise of the train loss above its running minimum after warmup (nats, mean over "

@@ -1,4 +1,4 @@
-"""Metrics of delayed training read from ``metrics.jsonl`` records, and the statistics over seeds.
+"""Metrics of delayed training read from ``metrics.jsonl`` records, and summarized over seeds.
 
 Pure functions on plain dicts (``{"step", "tokens", "lr", "train_loss", "val_loss"?}``, one per
 logged update, as both engines write them through :class:`delaylab.llm.run.folder.TrainFolder`);
@@ -14,9 +14,8 @@ Definitions (each function's docstring says the details):
   logged step after warmup.
 - **plateau exit**: the first logged step after warmup at which the training loss, smoothed over
   a few lines, is ``drop`` nats below its level at the end of warmup.
-- **statistics**: per-seed values paired by seed; Student-t intervals of means and differences,
-  Welch's for two independent means; ratios of paired means (a mitigation's recovery, a gap
-  ratio, an lr optimum's vertex) with Fieller's set; medians.
+- over seeds: a mitigation's recovery, a gap ratio and an lr optimum's vertex are ratios of paired
+  means, with Fieller's set; the sample summary and the intervals are :mod:`delaylab.stats`'.
 """
 
 from __future__ import annotations
@@ -27,16 +26,12 @@ from statistics import median as _median
 import numpy as np
 
 from delaylab.errors import ConfigError
-
-CONFIDENCE = 0.95
+from delaylab.stats import CONFIDENCE, fieller, map_set, sample, t_interval
+from delaylab.stats import finite as _finite
 MIN_EVAL_POINTS = 8  # fewer validation points than this cannot place an iso-loss crossing well
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-
-
-def _finite(x) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _tokens(rec: dict) -> float:
@@ -201,157 +196,7 @@ def diagnostics(records: list[dict], warmup: int | None = None) -> dict:
     return {"spike": loss_spike(records, warmup), "plateau": plateau_exit(records, warmup)}
 
 
-# -- statistics --------------------------------------------------------------------------------------
-#
-# Every interval here holds its coverage at the handful of seeds a CPU report has (n = 3 to 10):
-# Student-t for means and paired differences, Fieller's for ratios of paired means. The
-# percentile bootstrap, which covers 74% at n = 3 and 81% at n = 4 on normal data, is not used.
-# tests/llm/test_interval_coverage.py simulates each at n = 3, 4, 6 on normal and skewed data.
-#
-# An interval is ``[lo, hi]``; a confidence *set* (``set``) is a list of such pieces with None
-# for an infinite end: Fieller's set is one bounded piece, the union of two half-lines, or the
-# whole line, the last two when the denominator's mean is not resolved from 0.
-
-
-def paired(a: dict, b: dict) -> tuple[list, list]:
-    """``(seeds, b[s] - a[s])`` over the seeds both have (None where either is None): a sync and
-    a delayed run of one seed share init and batches, so their difference is the gap of that seed."""
-    seeds = sorted(set(a) & set(b))
-    return seeds, [None if a[s] is None or b[s] is None else b[s] - a[s] for s in seeds]
-
-
-def t_quantile(n, confidence: float = CONFIDENCE):
-    """The two-sided Student-t quantile for ``n`` values (n - 1 degrees of freedom); numpy-broadcast."""
-    from scipy.stats import t as student
-
-    return student.ppf(0.5 + confidence / 2, np.asarray(n) - 1)
-
-
-def t_bounds(x: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
-    """Student-t interval of the mean along the last axis of ``x`` (n >= 2), vectorised."""
-    x = np.asarray(x, float)
-    n = x.shape[-1]
-    half = t_quantile(n, confidence) * x.std(axis=-1, ddof=1) / math.sqrt(n)
-    m = x.mean(axis=-1)
-    return m - half, m + half
-
-
-def t_interval(values: list, confidence: float = CONFIDENCE) -> list | None:
-    """Student-t interval of the mean of the finite values; None for fewer than two."""
-    x = np.asarray([v for v in values if _finite(v)], float)
-    if len(x) < 2:
-        return None
-    lo, hi = t_bounds(x, confidence)
-    return [float(lo), float(hi)]
-
-
-def welch_interval(a: list, b: list, confidence: float = CONFIDENCE) -> list | None:
-    """Welch's t interval of ``mean(b) - mean(a)`` for two independent samples (finite values;
-    None with fewer than two in either): Satterthwaite's degrees of freedom."""
-    from scipy.stats import t as student
-
-    x, y = (np.asarray([v for v in s if _finite(v)], float) for s in (a, b))
-    if len(x) < 2 or len(y) < 2:
-        return None
-    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se = math.sqrt(va + vb)
-    d = float(y.mean() - x.mean())
-    if se == 0:
-        return [d, d]
-    df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
-    half = float(student.ppf(0.5 + confidence / 2, df)) * se
-    return [d - half, d + half]
-
-
-def fieller_bounds(num: np.ndarray, den: np.ndarray, confidence: float = CONFIDENCE):
-    """Fieller's confidence set for ``mean(num) / mean(den)`` of paired samples (last axis), vectorised.
-
-    The set is every r with ``(mean(num) - r mean(den))^2 <= t^2 var(num - r den) / n``, the
-    t test of ``num - r den`` having mean 0 inverted (Fieller 1954; exact for normal pairs at
-    any n). Writing it ``a r^2 - 2 b r + c <= 0`` with ``a = mean(den)^2 - q s_dd``,
-    ``b = mean(num) mean(den) - q s_nd``, ``c = mean(num)^2 - q s_nn``, ``q = t^2 / n``:
-    ``a > 0`` (the denominator's t test rejects 0) gives the bounded ``[lo, hi]`` between the
-    roots; ``a <= 0`` gives ``(-inf, lo] U [hi, inf)`` when the roots are real, else every r.
-    Returns ``(lo, hi, kind)``, kind 0 bounded, 1 the union of two half-lines, 2 everything.
-    """
-    x, y = np.asarray(num, float), np.asarray(den, float)
-    n = x.shape[-1]
-    q = t_quantile(n, confidence) ** 2 / n
-    mx, my = x.mean(axis=-1), y.mean(axis=-1)
-    dx, dy = x - mx[..., None], y - my[..., None]
-    sxx, syy, sxy = ((dx * dx).sum(-1) / (n - 1), (dy * dy).sum(-1) / (n - 1), (dx * dy).sum(-1) / (n - 1))
-    a, b, c = my * my - q * syy, mx * my - q * sxy, mx * mx - q * sxx
-    disc = b * b - a * c
-    root = np.sqrt(np.clip(disc, 0, None))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r1, r2 = (b - root) / a, (b + root) / a
-    lo, hi = np.minimum(r1, r2), np.maximum(r1, r2)
-    kind = np.where(a > 0, 0, np.where(disc > 0, 1, 2))
-    return lo, hi, kind
-
-
-def fieller(num: list, den: list, confidence: float = CONFIDENCE) -> dict:
-    """``mean(num) / mean(den)`` over the pairs where both are finite, with Fieller's set
-    (:func:`fieller_bounds`). ``ci``: the bounded interval, None where the set is unbounded
-    (or with fewer than two pairs); ``set``: the pieces (None = infinite end)."""
-    pairs = [(x, y) for x, y in zip(num, den) if _finite(x) and _finite(y)]
-    n = len(pairs)
-    x = np.array([p[0] for p in pairs], float)
-    y = np.array([p[1] for p in pairs], float)
-    ratio = float(x.mean() / y.mean()) if n and y.mean() != 0 else None
-    out = {"ratio": ratio, "n": n, "ci": None, "set": None, "bounded": False}
-    if n < 2:
-        return out
-    lo, hi, kind = (v.item() for v in fieller_bounds(x, y, confidence))
-    if kind == 0:
-        out.update(ci=[lo, hi], set=[[lo, hi]], bounded=True)
-    elif kind == 1:
-        out["set"] = [[None, lo], [hi, None]]
-    else:
-        out["set"] = [[None, None]]
-    return out
-
-
-def map_set(pieces: list | None, scale: float, shift: float = 0.0) -> list | None:
-    """The confidence set of ``shift + scale * r`` from that of ``r`` (an affine map: ends swap
-    where ``scale < 0``; None stays infinite)."""
-    if pieces is None:
-        return None
-    out = []
-    for lo, hi in pieces:
-        a = None if lo is None else shift + scale * lo
-        b = None if hi is None else shift + scale * hi
-        out.append([a, b] if scale >= 0 else [b, a])
-    return sorted(out, key=lambda p: -math.inf if p[0] is None else p[0])
-
-
-def fmt_set(pieces: list | None, spec: str = ".3g") -> str:
-    """``[a, b]``, ``(-inf, a] U [b, +inf)``, ``unbounded`` or ``n/a`` (no interval)."""
-    if not pieces:
-        return "n/a"
-    if pieces == [[None, None]]:
-        return "unbounded"
-
-    def piece(lo, hi):
-        left = "(-inf" if lo is None else "[" + format(lo, spec)
-        right = "+inf)" if hi is None else format(hi, spec) + "]"
-        return f"{left}, {right}"
-
-    return " U ".join(piece(lo, hi) for lo, hi in pieces)
-
-
-def describe(values: list) -> dict:
-    """Mean, sample std, min, max, median and the t interval of the mean over the finite values
-    (None where there is none; std and interval None for one seed: one seed has no spread);
-    ``values`` kept as given (None: a diverged run), ``n`` the finite ones."""
-    vals = [v for v in values if _finite(v)]
-    out = {"values": values, "n": len(vals)}
-    if not vals:
-        return {**out, "mean": None, "std": None, "min": None, "max": None, "median": None, "ci_t": None}
-    mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
-    return {**out, "mean": mean, "std": std, "min": min(vals), "max": max(vals), "median": _median(vals),
-            "ci_t": t_interval(vals)}
+# -- recoveries and ratios over seeds -------------------------------------------------------------
 
 
 def recovery(sync: dict, delayed: dict, fix: dict) -> dict:
@@ -364,7 +209,7 @@ def recovery(sync: dict, delayed: dict, fix: dict) -> dict:
     seed (None where a run diverged or the gap is 0), ``median`` their median. ``unstable``:
     the gap's t interval contains 0 (or fewer than two seeds): then Fieller's set is unbounded.
     """
-    means = [describe(list(m.values()))["mean"] for m in (sync, delayed, fix)]
+    means = [sample(list(m.values()))["mean"] for m in (sync, delayed, fix)]
     of_mean = None
     if None not in means and means[1] != means[0]:
         of_mean = 100 * (means[1] - means[2]) / (means[1] - means[0])

@@ -33,6 +33,7 @@ from pathlib import Path
 from delaylab._io import write_json
 from delaylab._progress import Progress
 from delaylab.errors import ConfigError, Diverged
+from delaylab import stats
 from delaylab.llm import metrics
 from delaylab.llm.checkpoint import ROOT, latest_complete
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
@@ -116,8 +117,8 @@ def summarize(records: list[dict], diagnostics: bool = True) -> dict:
     """The gap table from cell records ``{optimizer, mode, lr, momentum, seed, val_loss}``.
 
     Gaps and EF recovery are computed per seed (sync and delayed runs of one seed share init
-    and batches), then summarized over seeds (:func:`delaylab.llm.metrics.describe`: mean, std,
-    median, t interval; :func:`~delaylab.llm.metrics.recovery`, with Fieller's set). A diverged run
+    and batches), then summarized over seeds (:func:`delaylab.stats.sample`: mean, std,
+    t interval; :func:`~delaylab.llm.metrics.recovery`, with Fieller's set). A diverged run
     has ``val_loss`` None. Records that carry ``metrics`` (the run's metrics.jsonl lines) add,
     per row, ``overhead[mode]`` (iso-loss token overhead against the sync run of the same seed,
     :func:`~delaylab.llm.metrics.overhead_over_seeds`) and ``diagnostics[mode]`` (loss spike and
@@ -135,11 +136,11 @@ def summarize(records: list[dict], diagnostics: bool = True) -> dict:
     for (opt, lr, mom), by_mode in groups.items():
         row = {"optimizer": opt, "lr": lr, "momentum": mom}
         for mode, per_seed in sorted(by_mode.items()):
-            row[mode] = metrics.describe([per_seed[s] for s in sorted(per_seed)])
+            row[mode] = stats.sample([per_seed[s] for s in sorted(per_seed)])
         sync, delayed = by_mode.get("sync", {}), by_mode.get("delayed", {})
-        seeds, gaps = metrics.paired(sync, delayed)
+        seeds, gaps = stats.paired(sync, delayed)
         if seeds:
-            row["gap"] = metrics.describe(gaps)
+            row["gap"] = stats.sample(gaps)
         for fix in FIXES:
             runs = by_mode.get(fix, {})
             if seeds and any(s in runs for s in seeds):
@@ -167,10 +168,10 @@ def _curve_metrics(by_mode: dict[str, dict[int, list]], diagnostics: bool = True
     diag = {}
     for mode, runs in sorted(by_mode.items()) if diagnostics else ():
         per = [metrics.diagnostics(runs[s]) for s in sorted(runs)]
-        diag[mode] = {"spike": metrics.describe([d["spike"]["spike"] for d in per]),
-                      "spike_relative": metrics.describe([d["spike"]["relative"] for d in per]),
+        diag[mode] = {"spike": stats.sample([d["spike"]["spike"] for d in per]),
+                      "spike_relative": stats.sample([d["spike"]["relative"] for d in per]),
                       "spike_step": [d["spike"]["step"] for d in per],
-                      "plateau_exit": metrics.describe([d["plateau"]["step"] for d in per]),
+                      "plateau_exit": stats.sample([d["plateau"]["step"] for d in per]),
                       "plateau_left": [d["plateau"]["left"] for d in per]}
     if diag:
         out["diagnostics"] = diag

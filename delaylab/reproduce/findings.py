@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from delaylab import stats
 from delaylab.llm import metrics
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import predict
@@ -76,7 +77,7 @@ def tuned_gap(rows: list[dict], opt: str, mom, mode: str = "delayed", seeds=None
     if None in best.values():
         return {"sync_lr": best["sync"], "lr": best[mode], "gap": S.sample([]), "censored": censored}
     sync, other = S.by_lr(rows, opt, "sync", mom)[best["sync"]], S.by_lr(rows, opt, mode, mom)[best[mode]]
-    return {"sync_lr": best["sync"], "lr": best[mode], "gap": S.sample(metrics.paired(sync, other)[1]),
+    return {"sync_lr": best["sync"], "lr": best[mode], "gap": S.sample(stats.paired(sync, other)[1]),
             "censored": censored}
 
 
@@ -88,7 +89,7 @@ def indistinguishable(rows: list[dict], opt: str, mom, best_lr: float, seeds=Non
         return []
     out = []
     for lr, vals in grid.items():
-        d = S.sample(metrics.paired(grid[best_lr], vals)[1])
+        d = S.sample(stats.paired(grid[best_lr], vals)[1])
         if lr == best_lr or (d["diverged"] == 0 and d["ci"] is not None and d["ci"][0] <= 0):
             out.append(lr)
     return sorted(out)
@@ -187,7 +188,7 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
                        zip(by["adamw"]["tuned"]["gap"]["values"], by["muon"]["tuned"]["gap"]["values"])])
         paper_ratio = (PAPER_LOSSES["adamw"][1] - PAPER_LOSSES["adamw"][0]) / (
             PAPER_LOSSES["muon"][1] - PAPER_LOSSES["muon"][0])
-        ratio = metrics.fieller(by["adamw"]["gap"]["values"], by["muon"]["gap"]["values"])
+        ratio = stats.fieller(by["adamw"]["gap"]["values"], by["muon"]["gap"]["values"])
         adamw_vs_muon = {"at_sync_lr": d, "tuned": tuned, "ratio": ratio}
         tol = p.llm.tolerances.get("adamw_muon_gap_ratio")
         sc = V.score("AdamW's gap / Muon's gap = the paper's", ratio["ci"] if ratio.get("bounded") else None,
@@ -267,8 +268,8 @@ def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
                 if (r["optimizer"], r["momentum"]) == (opt, mom) and r["mode"] in ("sync", "delayed", "ef")}.values())
     delayed, ef = tuned_gap(sel, opt, mom, seeds=seeds), tuned_gap(sel, opt, mom, mode="ef", seeds=seeds)
     n = min(len(delayed["gap"]["values"]), len(ef["gap"]["values"]))
-    ratio = metrics.fieller(ef["gap"]["values"][:n], delayed["gap"]["values"][:n])
-    pieces = metrics.map_set(ratio["set"], -100.0, 100.0)
+    ratio = stats.fieller(ef["gap"]["values"][:n], delayed["gap"]["values"][:n])
+    pieces = stats.map_set(ratio["set"], -100.0, 100.0)
     censored = {"sync": delayed["censored"]["sync"], "delayed": delayed["censored"]["delayed"],
                 "ef": ef["censored"]["ef"]}
     return {"optimizer": opt, "sync_lr": delayed["sync_lr"], "delayed_lr": delayed["lr"], "ef_lr": ef["lr"],

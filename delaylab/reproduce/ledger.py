@@ -28,6 +28,7 @@ from delaylab.reproduce import plan as P
 from delaylab.reproduce.presets import Preset, get_preset
 from delaylab.reproduce.runner import LLMRun, read_summary
 from delaylab.reproduce.verdicts import protocol_issues
+from delaylab.stats import sample
 
 RUNS = "runs.jsonl"  # one line per run of the report, beside report.json
 SESSIONS = "sessions.jsonl"  # one line per invocation: when, how long, how many runs computed / read
@@ -106,9 +107,9 @@ class Ledger:
         per = [d for d in (self._by[f].get("diagnostics") for f in folders) if d is not None]
         if not per:  # a run that logged nothing, or a version-3 report that did not show this cell's
             return None
-        return {"spike": metrics.describe([d["spike"]["spike"] for d in per])["mean"],
+        return {"spike": sample([d["spike"]["spike"] for d in per])["mean"],
                 "spike_steps": [d["spike"]["step"] for d in per],
-                "plateau_exit": metrics.describe([d["plateau"]["step"] for d in per])["mean"],
+                "plateau_exit": sample([d["plateau"]["step"] for d in per])["mean"],
                 "plateau_left": [d["plateau"]["left"] for d in per]}
 
     def records(self, runs: list[LLMRun], curves: bool = False) -> list[dict]:

@@ -3,7 +3,8 @@ parts stored), so a report re-scored or read back renders the same text."""
 
 from __future__ import annotations
 
-from delaylab.llm.metrics import fmt_overhead, fmt_set
+from delaylab.llm.metrics import fmt_overhead
+from delaylab.stats import fmt_set
 from delaylab.reproduce.findings import mode_label
 from delaylab.reproduce.protocol import recovery_text
 from delaylab.reproduce.report import RUNS

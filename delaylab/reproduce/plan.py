@@ -29,12 +29,13 @@ import functools
 import math
 from typing import Callable
 
-from delaylab.llm.metrics import iso_loss_overhead, t_interval, val_points
+from delaylab.llm.metrics import iso_loss_overhead, val_points
 from delaylab.llm.sweep import Cell
 from delaylab.errors import ConfigError
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.runner import LLMRun, ToyRun
 from delaylab.reproduce.verdicts import protocol_issues
+from delaylab.stats import t_interval
 
 MAIN = "main"
 SWEEP_MODE = {"ef": "ef", "dc-asgd": "dc-asgd", "sync-start": "delayed", "sync-cooldown": "delayed"}

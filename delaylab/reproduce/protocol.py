@@ -16,6 +16,7 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 
 from __future__ import annotations
 
+from delaylab import stats
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
@@ -179,7 +180,7 @@ def _change(first: dict, last: dict, kind: str) -> dict:
     if kind == "gap":
         if first.get("mean") is None or last.get("mean") is None:
             return {"delta": None, "ci": None, "sign": 0}
-        ci = metrics.welch_interval(first["values"], last["values"])
+        ci = stats.welch_interval(first["values"], last["values"])
         sign = 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
         return {"delta": last["mean"] - first["mean"], "ci": ci, "sign": sign}
     a, b = first.get("value"), last.get("value")

@@ -1,6 +1,7 @@
-"""The report's statistics: a sample over seeds, paired differences, the 95% t interval, the t
-interval's coverage under skew, and how an interval is written. Shared by every part of the report
-(findings, protocol, delays, report); the intervals themselves are :mod:`delaylab.llm.metrics`'."""
+"""The report's statistics: samples over seeds of its rows, paired differences, the t interval's
+coverage under skew, and how an interval is written. Shared by every part of the report (findings,
+protocol, delays, report); the sample summary (:func:`sample`) and the intervals themselves are
+:mod:`delaylab.stats`'."""
 
 from __future__ import annotations
 
@@ -8,19 +9,10 @@ import math
 
 import numpy as np
 
-from delaylab.llm import metrics
+from delaylab import stats
+from delaylab.stats import sample
 
-
-def sample(values: list) -> dict:
-    """mean, sample std and a 95% Student-t interval over the finite values (None where none, or
-    for one value)."""
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    out = {"values": values, "n": len(vals), "diverged": len(values) - len(vals)}
-    if not vals:
-        return {**out, "mean": None, "std": None, "ci": None}
-    mean = float(np.mean(vals))
-    std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-    return {**out, "mean": mean, "std": std, "ci": metrics.t_interval(vals)}
+__all__ = ["sample"]  # the one summary of a sample, for the report's modules
 
 
 def resolved(s: dict | None) -> bool:
@@ -62,7 +54,7 @@ def ci_text(s: dict | None, spec="+.3f") -> str:
     if s.get("ci"):
         return f"[{format(s['ci'][0], spec)}, {format(s['ci'][1], spec)}]"
     if s.get("set"):
-        return metrics.fmt_set(s["set"], spec.lstrip("+"))
+        return stats.fmt_set(s["set"], spec.lstrip("+"))
     return ""
 
 

@@ -1,6 +1,6 @@
 """Coverage of the report's 95% intervals at the seed counts it has (n = 3, 4, 6), simulated.
 
-Each method is the library's own code (metrics.t_bounds, metrics.fieller_bounds, metrics.lr_shift)
+Each method is the library's own code (stats.t_bounds, stats.fieller_bounds, metrics.lr_shift)
 run on samples whose true value is known: normal, and skewed (a standardized Gamma(4), skewness 1).
 The test fails where a method covers less than 93% for a nominal 95%. Heavier skew is shown
 by ``python tests/llm/test_interval_coverage.py`` (the table in docs/reproduction.md), not asserted:
@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from delaylab import stats as ST
 from delaylab.llm import metrics as M
 
 NS = (3, 4, 6)
@@ -42,7 +43,7 @@ def _result(covered, bounded) -> dict:
 
 def coverage_t_mean(n, dist, rng, skew=1.0):
     x = 0.3 + 0.1 * _noise(rng, dist, (REPS, n), skew)
-    lo, hi = M.t_bounds(x)
+    lo, hi = ST.t_bounds(x)
     return _result((lo <= 0.3) & (0.3 <= hi), np.ones(REPS))
 
 
@@ -51,7 +52,7 @@ def coverage_t_paired(n, dist, rng, skew=1.0):
     shared = _noise(rng, "normal", (REPS, n))
     sync = 2.0 + 0.1 * shared
     delayed = 2.2 + 0.1 * shared + 0.05 * _noise(rng, dist, (REPS, n), skew)
-    lo, hi = M.t_bounds(delayed - sync)
+    lo, hi = ST.t_bounds(delayed - sync)
     return _result((lo <= 0.2) & (0.2 <= hi), np.ones(REPS))
 
 
@@ -59,7 +60,7 @@ def coverage_fieller(n, dist, rng, skew=1.0, ratio=0.4):
     """EF gap / delayed gap, paired: delayed gap 0.3 +- 0.1, EF gap = ratio * it + 0.05 noise."""
     den = 0.3 + 0.1 * _noise(rng, dist, (REPS, n), skew)
     num = ratio * den + 0.05 * _noise(rng, dist, (REPS, n), skew)
-    lo, hi, kind = M.fieller_bounds(num, den)
+    lo, hi, kind = ST.fieller_bounds(num, den)
     inside = np.where(kind == 0, (lo <= ratio) & (ratio <= hi), np.where(kind == 1, (ratio <= lo) | (ratio >= hi), True))
     return _result(inside, kind == 0)
 
@@ -120,7 +121,7 @@ def test_fieller_is_exact_on_normal_pairs_and_reports_unbounded_sets():
     n = 3
     den = 0.05 + 0.1 * rng.standard_normal((REPS, n))  # a gap smaller than its noise
     num = 0.4 * den + 0.05 * rng.standard_normal((REPS, n))
-    lo, hi, kind = M.fieller_bounds(num, den)
+    lo, hi, kind = ST.fieller_bounds(num, den)
     inside = np.where(kind == 0, (lo <= 0.4) & (0.4 <= hi), np.where(kind == 1, (0.4 <= lo) | (0.4 >= hi), True))
     assert abs(inside.mean() - 0.95) < 0.006
     assert (kind > 0).mean() > 0.5  # most sets are unbounded: the report then says undetermined

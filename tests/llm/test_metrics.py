@@ -5,6 +5,7 @@ import math
 import pytest
 
 from delaylab.errors import ConfigError
+from delaylab import stats as ST
 from delaylab.llm import metrics as M
 
 
@@ -55,7 +56,7 @@ def test_overhead_over_seeds_has_no_mean_unless_every_seed_reaches():
     d = M.iso_loss_overhead(SYNC, curve([3.2, 2.8, 2.5, 2.3, 2.2, 2.1]))  # at 500 exactly: 1.25
     s = M.overhead_over_seeds([a, c, d])
     assert s["mean"] == pytest.approx((1.125 + 1.125 + 1.25) / 3) and s["n_reached"] == 3
-    assert s["ci"] == pytest.approx(M.t_interval([1.125, 1.125, 1.25]))
+    assert s["ci"] == pytest.approx(ST.t_interval([1.125, 1.125, 1.25]))
     assert M.fmt_overhead(s) == f"{(1.125 * 2 + 1.25) / 3:.2f} [{s['ci'][0]:.2f}, {s['ci'][1]:.2f}]"
     s = M.overhead_over_seeds([a, b, None], max_length=4)
     assert s["values"] == [pytest.approx(1.125), None, None] and s["reached"] == [True, False, None]
@@ -103,16 +104,17 @@ def test_plateau_exit():
     assert d["plateau"]["step"] == 100 and d["spike"]["spike"] == pytest.approx(0.02)  # 3.32 - 3.3
 
 
-def test_t_interval_and_describe():
-    lo, hi = M.t_interval([1.0, 2.0, 3.0])
+def test_t_interval_and_the_one_sample_summary():
+    lo, hi = ST.t_interval([1.0, 2.0, 3.0])
     half = 4.302652729911275 / math.sqrt(3)  # t_{0.975, 2} * sd 1 / sqrt(3)
     assert (lo, hi) == pytest.approx((2 - half, 2 + half))
-    d = M.describe([1.0, None, 3.0, 2.0])
-    assert d["n"] == 3 and d["mean"] == 2.0 and d["median"] == 2.0 and d["std"] == pytest.approx(1.0)
-    assert d["ci_t"] == pytest.approx([2 - half, 2 + half]) and d["values"][1] is None
-    one = M.describe([2.5])
-    assert one["std"] is None and one["ci_t"] is None and one["median"] == 2.5
-    assert not hasattr(M, "bootstrap")  # no percentile bootstrap anywhere (it under-covers below n = 10)
+    d = ST.sample([1.0, None, 3.0, float("nan"), 2.0])
+    assert (d["n"], d["diverged"], d["mean"]) == (3, 2, 2.0) and d["std"] == pytest.approx(1.0)
+    assert d["ci"] == pytest.approx([2 - half, 2 + half]) and d["values"][1] is None
+    one = ST.sample([2.5])
+    assert one["mean"] == 2.5 and one["std"] is None and one["ci"] is None  # one seed has no spread
+    assert ST.sample([None]) == {"values": [None], "n": 0, "diverged": 1, "mean": None, "std": None, "ci": None}
+    assert not hasattr(M, "describe") and not hasattr(ST, "bootstrap")  # one summary; no percentile bootstrap
 
 
 def test_welch_interval_by_hand():
@@ -122,8 +124,8 @@ def test_welch_interval_by_hand():
     from scipy.stats import t
 
     half = t.ppf(0.975, df) * math.sqrt(va + vb)
-    assert M.welch_interval(a, b) == pytest.approx([5 - 2 - half, 5 - 2 + half])
-    assert M.welch_interval([1.0], b) is None
+    assert ST.welch_interval(a, b) == pytest.approx([5 - 2 - half, 5 - 2 + half])
+    assert ST.welch_interval([1.0], b) is None
 
 
 def _fieller_by_hand(x, y, tq):
@@ -143,7 +145,7 @@ def test_fieller_interval_by_hand_bounded_and_unbounded():
     x, y = [1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.3]
     tq = 3.182446305284263  # t_{0.975, 3}
     A, r = _fieller_by_hand(x, y, tq)
-    got = M.fieller(x, y)
+    got = ST.fieller(x, y)
     assert A > 0 and got["bounded"] and got["ci"] == pytest.approx(r, rel=1e-10)
     assert got["ratio"] == pytest.approx(sum(x) / sum(y))
     # each end is where the t statistic of x - r y equals the quantile
@@ -154,13 +156,13 @@ def test_fieller_interval_by_hand_bounded_and_unbounded():
     # a denominator whose t interval contains 0: the set is two half-lines (real roots) or everything
     x, y = [1.0, 1.2, 0.9], [0.5, -0.3, 0.2]
     A, r = _fieller_by_hand(x, y, 4.302652729911275)
-    got = M.fieller(x, y)
+    got = ST.fieller(x, y)
     assert A < 0 and not got["bounded"] and got["ci"] is None
     assert got["set"] == [[None, pytest.approx(r[0])], [pytest.approx(r[1]), None]]
-    assert M.fieller([1.0, -1.0, 0.1], [0.1, -0.1, 0.05])["set"] == [[None, None]]
-    assert M.fmt_set([[None, 1.0], [2.0, None]], ".1f") == "(-inf, 1.0] U [2.0, +inf)"
-    assert M.fmt_set([[None, None]]) == "unbounded" and M.fmt_set(None) == "n/a"
-    assert M.map_set([[None, 0.2], [0.5, None]], -100, 100) == [[None, 50.0], [80.0, None]]
+    assert ST.fieller([1.0, -1.0, 0.1], [0.1, -0.1, 0.05])["set"] == [[None, None]]
+    assert ST.fmt_set([[None, 1.0], [2.0, None]], ".1f") == "(-inf, 1.0] U [2.0, +inf)"
+    assert ST.fmt_set([[None, None]]) == "unbounded" and ST.fmt_set(None) == "n/a"
+    assert ST.map_set([[None, 0.2], [0.5, None]], -100, 100) == [[None, 50.0], [80.0, None]]
 
 
 def test_recovery_ratio_of_means_with_fiellers_set():

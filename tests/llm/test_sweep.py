@@ -124,7 +124,7 @@ def test_the_demo_states_the_ordering_only_where_the_seeds_resolve_it():
 
     clear = ordering(gaps([0.30, 0.53, 0.37, 0.53], [0.12, 0.13, 0.12, 0.10]))
     assert clear["resolved"] and clear["difference"]["mean"] == pytest.approx(0.315, abs=1e-3)
-    lo, hi = clear["difference"]["ci_t"]  # t(0.975, 3) = 3.1824 on the paired differences
+    lo, hi = clear["difference"]["ci"]  # t(0.975, 3) = 3.1824 on the paired differences
     diffs = [0.18, 0.40, 0.25, 0.43]
     m = sum(diffs) / 4
     sd = (sum((d - m) ** 2 for d in diffs) / 3) ** 0.5

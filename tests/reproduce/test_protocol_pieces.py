@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from delaylab.errors import ConfigError
+from delaylab import stats as ST
 from delaylab.llm import metrics
 from delaylab.reproduce import PRESETS, plan, predict
 from delaylab.reproduce.plan import check_protocol
@@ -94,7 +95,7 @@ def test_lr_shift_ratio_interval_and_censoring():
             A, B, _ = np.polyfit(np.log(trio), [grid[lr][s] for lr in trio], 2)
             a.append(A)
             b.append(-B / 2)
-        return metrics.fieller(b, a, 0.975)["ci"]
+        return ST.fieller(b, a, 0.975)["ci"]
 
     vb, vo = vertex_ci(base, [2e-3, 4e-3, 8e-3]), vertex_ci(other, [1e-3, 2e-3, 4e-3])
     assert out["ci"] == pytest.approx([math.exp(vo[0] - vb[1]), math.exp(vo[1] - vb[0])], rel=1e-8)

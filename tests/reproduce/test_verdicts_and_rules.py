@@ -132,7 +132,7 @@ def test_seeds_by_power_stop_when_the_gap_is_resolved_or_at_the_cap(tmp_path):
     assert not r["done"] and r["seeds"] == 4  # [0.30, 0.10]: the t interval is far wider than half the gap
     finish(4)
     r = P.power_seeds(Folders(tmp_path), runs_for, 2, cap=6)
-    from delaylab.llm.metrics import t_interval
+    from delaylab.stats import t_interval
 
     ci = t_interval(gaps[:4])
     assert (ci[1] - ci[0]) >= sum(gaps[:4]) / 4 / 2 and r["seeds"] == 6 and not r["done"]

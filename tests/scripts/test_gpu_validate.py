@@ -181,7 +181,7 @@ def test_a_phase_past_its_limit_is_killed_and_keeps_what_it_finished(tmp_path, m
 
 def test_the_t_interval_without_scipy_matches_scipy():
     gpu_validate = _gpu_validate()
-    from delaylab.llm.metrics import t_interval
+    from delaylab.stats import t_interval
 
     for xs in ([1.0, 1.2], [1.0, 1.1, 0.9, 1.3], [0.5 + 0.01 * i for i in range(10)]):
         assert gpu_validate.t_interval(xs) == pytest.approx(t_interval(xs, 0.95), rel=1e-3)
