@@ -46,13 +46,6 @@ class Folders:
     def __init__(self, out):
         self.out = Path(out)
 
-    def summary_of(self, folder: str) -> dict:
-        """The summary of the run in ``folder`` (see :meth:`summary`)."""
-        x = self._by[folder]
-        if x["kind"] == "toy":
-            return {k: v for k, v in x.items() if k not in TOY_KEYS}
-        return {k: x[k] for k in ("val_loss", "params", "tokens", "ns_dtype")}
-
     def summary(self, run) -> dict | None:
         return read_summary(self.out, run)
 
@@ -75,9 +68,6 @@ class Ledger:
         self._by = {x["folder"]: x for x in self.lines}
 
     # -- the results ---------------------------------------------------------------------------
-
-    def line(self, folder: str) -> dict:
-        return self._by[folder]
 
     def summary_of(self, folder: str) -> dict:
         """The summary of the run in ``folder`` (see :meth:`summary`)."""
