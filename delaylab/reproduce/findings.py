@@ -209,6 +209,12 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
     return verdicts, numbers, robust, adamw_vs_muon, skew
 
 
+def verdict_rows(L) -> list[dict]:
+    """The rows finding 1's verdicts read (also where a written report is re-scored): every run of the
+    main variant, so the skew check covers the momentum grid's and the mitigations' cells too."""
+    return L.records([r for r in P.llm_runs(L.preset, L) if r.variant == P.MAIN])
+
+
 def optimizers(L) -> dict:
     p, best = L.preset, L.best
     rows = L.records(P.grid(p, L) + P.headline(p, L, best))
@@ -234,10 +240,7 @@ def optimizers(L) -> dict:
         row["paper_gap"] = None if paper is None else paper[1] - paper[0]
         table.append(row)
     by = {r["optimizer"]: r for r in table}
-    # the verdicts read every run of the main variant (the skew check covers the momentum grid's and the
-    # mitigations' cells too): the rows a written report is re-scored from (rescore._rows)
-    every = L.records([r for r in P.llm_runs(p, L) if r.variant == P.MAIN])
-    verdicts, numbers, robust, adamw_vs_muon, skew = optimizer_verdicts(p, every, by)
+    verdicts, numbers, robust, adamw_vs_muon, skew = optimizer_verdicts(p, verdict_rows(L), by)
     listing = ", ".join(f"{o} {S.fmt(r['gap']['mean'])}" for o, r in by.items())
     return {"id": 1, "key": "optimizers", "title": "Optimizer sensitivity to a one-step delay",
             "paper": "360M: AdamW 2.612 sync vs 2.890 delayed (+0.278), Muon 2.578 vs 2.590 (+0.012); MARS "

@@ -168,4 +168,5 @@ def build(L: Ledger, draw: Path | None = None) -> dict:
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
             "summary": summary, "theory_column": theory, "parts": list(parts.values()), "sessions": sessions or [],
-            "session": (sessions or [{}])[-1], "runs_file": RUNS, "ns_dtypes": L.ns_dtypes()}
+            "session": (sessions or [{}])[-1], "runs_file": RUNS, "ns_dtypes": L.ns_dtypes(),
+            "decisions": L.decisions()}

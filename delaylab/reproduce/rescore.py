@@ -5,7 +5,8 @@ region, the tolerance, censoring and protocol issues) is re-scored by :func:`ver
 Two verdicts need more than a stored score and are recomputed from what the report keeps:
 
 - finding 1's order claims, held to every lr the data cannot tell from each optimum, and its size
-  claim, from ``runs.jsonl``'s rows (:func:`findings.optimizer_verdicts`);
+  claim, from the Ledger read back from the folder (:func:`findings.verdict_rows`,
+  :func:`findings.optimizer_verdicts`);
 - finding 6, from its stored rate rows with the per-T intervals of ``runs.jsonl``'s toy lines, and
   EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
   to the stored one, so a changed toy code cannot pass silently).
@@ -22,27 +23,16 @@ import math
 from pathlib import Path
 
 from delaylab.reproduce import findings as F
+from delaylab.reproduce import ledger
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import verdicts as V
+from delaylab.reproduce.ledger import Ledger
 from delaylab.reproduce.presets import Preset
 
 
-def _runs(folder: Path) -> list[dict]:
-    path = folder / "runs.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-def _rows(p: Preset, lines: list[dict]) -> list[dict]:
-    """runs.jsonl's main-grid GPT lines as the findings' rows (:meth:`Ledger.records`' fields)."""
-    return [{"optimizer": x["optimizer"], "mode": x["mode"], "lr": x["lr"], "momentum": x["momentum"],
-             "seed": x["seed"], "val_loss": x["val_loss"], "run": x["folder"], "variant": x["variant"],
-             "issues": V.protocol_issues(x["optimizer"], x["momentum"], x["steps"], x["warmup"])}
-            for x in lines if x["kind"] == "gpt" and x["variant"] == P.MAIN]
-
-
-def _optimizers(p: Preset, part: dict, lines: list[dict]) -> None:
+def _optimizers(part: dict, book: Ledger) -> None:
     by = {r["optimizer"]: r for r in part["rows"]}
-    verdicts, numbers, robust, adamw_vs_muon, skew = F.optimizer_verdicts(p, _rows(p, lines), by)
+    verdicts, numbers, robust, adamw_vs_muon, skew = F.optimizer_verdicts(book.preset, F.verdict_rows(book), by)
     part.update(verdicts=verdicts, theory_numbers=numbers, lr_robustness=robust, adamw_vs_muon=adamw_vs_muon,
                 skew=skew)
 
@@ -77,9 +67,11 @@ def _scored(part: dict) -> dict:
     return out
 
 
-def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
-    """``(report, changes)``: ``rep`` re-scored (a copy); ``changes``: one entry per scored claim
-    whose state differs (a claim new in this version has ``before`` None, one dropped ``after`` None)."""
+def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
+    """``(report, changes)``: ``rep`` re-scored (a copy) with the runs of ``book``, the Ledger read back
+    from its folder; ``changes``: one entry per scored claim whose state differs (a claim new in this
+    version has ``before`` None, one dropped ``after`` None)."""
+    p, lines = book.preset, book.lines
     rep = copy.deepcopy(rep)
     changes = []
     for part in rep["parts"]:
@@ -93,7 +85,7 @@ def rescore(p: Preset, rep: dict, lines: list[dict]) -> tuple[dict, list[dict]]:
                 n["score"] = V.rescore(n["score"])
                 n["state"] = n["score"]["state"]
         if part["key"] == "optimizers":
-            _optimizers(p, part, lines)
+            _optimizers(part, book)
         elif part["key"] == "toy":
             _toy(p, part, lines)
         elif part["key"] == "delays":  # its setup line is the preset's, written out again
@@ -121,11 +113,9 @@ def rescore_folder(folder: Path) -> list[dict]:
     """Re-score ``folder``'s report.json in place, rewrite report.md; return the changes."""
     from delaylab._io import write_json
     from delaylab.reproduce.markdown import markdown
-    from delaylab.reproduce.presets import get_preset
-
     folder = Path(folder)
     rep = json.loads((folder / "report.json").read_text())
-    new, changes = rescore(get_preset(rep["preset"]), rep, _runs(folder))
+    new, changes = rescore(rep, ledger.read(folder))
     write_json(folder / "report.json", new)
     (folder / "report.md").write_text(markdown(new))
     return changes
