@@ -81,6 +81,8 @@ def cmd_reproduce(args) -> int:
             preset = replace(preset, scale=replace(preset.scale, base={**preset.scale.base, **given}))
         if preset.delays is not None:
             preset = replace(preset, delays=replace(preset.delays, base={**preset.delays.base, **given}))
+        if preset.tokens is not None:
+            preset = replace(preset, tokens=replace(preset.tokens, base={**preset.tokens.base, **given}))
     # A crashed run raises RunFailed (exit 1): its folder keeps what it had; rerunning resumes.
     rep = reproduce(preset, args.out, jobs=args.jobs)
     result = {"preset": rep["preset"], "out": rep["out"], "report": f"{rep['out']}/report.md",
