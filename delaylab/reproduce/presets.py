@@ -459,6 +459,14 @@ PRESETS: dict[str, Preset] = {
             overhead=("tau-2",), overhead_seeds=1, overhead_lengths=(2,),
         ),
     ),
+    "ci-tokens": Preset(
+        name="ci-tokens",
+        summary="the unconfounded tokens axis on a few seconds of training (checks the pipeline, not the science)",
+        llm=None, schedules=None, toy=None,
+        tokens=TokensGrid(base=dict(_RUN), sizes=("nano",), ratios=(0.1, 0.4), batch_size=2, wide_batch=8,
+                          block_size=32, optimizer="adamw", lrs=(2e-3, 4e-3), momentum=0.9, seeds=2, lr_extend=0,
+                          evals=4, val_windows=8),
+    ),
     "ci": Preset(
         name="ci",
         summary="every part of the report on a few seconds of training (checks the pipeline, not the science: its "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.reproduce import delays, figures, findings, protocol
+from delaylab.reproduce import delays, figures, findings, protocol, tokens
 from delaylab.reproduce import plan as P
 from delaylab.reproduce.presets import Preset
 
@@ -121,6 +121,8 @@ def commands(p: Preset, out: Path) -> dict[str, list[str]]:
         cmds["scale"] = llm_commands(P.axis(p, out)[0], o)
     if p.delays is not None:
         cmds["delays"] = llm_commands(P.delay_axis(p, out)[0], o)
+    if p.tokens is not None:
+        cmds["tokens"] = llm_commands(P.tokens_axis(p, out)[0], o)
     return cmds
 
 
@@ -143,6 +145,8 @@ def parts_of(p: Preset) -> list:
         out.append(protocol.scale)
     if p.delays is not None:
         out.append(delays.delays)
+    if p.tokens is not None:
+        out.append(tokens.tokens)
     return out
 
 
@@ -197,7 +201,7 @@ def runs_jsonl(p: Preset, out: Path) -> list[dict]:
             "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": p.name,
             "variant": r.variant, "folder": r.folder, "params": params, "steps": cfg.run.steps,
             "batch_size": cfg.data.batch_size, "block_size": cfg.model.block_size,
-            "warmup": r.base.get("warmup"), "sync_start": r.base.get("sync_start", 0),
+            "warmup": r.base.get("warmup"), "lr_schedule": cfg.lr_schedule.lr_schedule, "sync_start": r.base.get("sync_start", 0),
             "sync_cooldown": r.base.get("sync_cooldown", 0), "dc_lambda": r.base.get("dc_lambda"),
             "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
             "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
