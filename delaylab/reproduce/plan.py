@@ -625,7 +625,7 @@ def delay_axis(p: Preset, out: Path) -> tuple[list[LLMRun], dict | None]:
 
 def schedule_delays(depth: int) -> list[int]:
     """PipeDream's per-stage delays at ``depth`` stages, from the pipeline's schedule model."""
-    from delaylab.llm.pipeline.schedules import schedule_delays as delays
+    from delaylab.llm.config import schedule_delays as delays
 
     return delays("pipedream", depth)
 
