@@ -25,8 +25,9 @@ def register(sub) -> None:
     )
     p.add_argument("--preset", default="cpu-small",
                    help=f"grid: {', '.join(PRESETS)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
-                        "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-delays: the delay axis; each within 90 "
-                        "min on 2 CPU cores; ci, ci-delays: seconds)")
+                        "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-tokens-2: the same axis with tokens, "
+                        "updates and the lr's decay moved one at a time; cpu-delays: the delay axis; each within 90 "
+                        "min on 2 CPU cores; ci, ci-delays, ci-tokens: seconds)")
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--rescore", action="store_true",
@@ -81,6 +82,8 @@ def cmd_reproduce(args) -> int:
             preset = replace(preset, scale=replace(preset.scale, base={**preset.scale.base, **given}))
         if preset.delays is not None:
             preset = replace(preset, delays=replace(preset.delays, base={**preset.delays.base, **given}))
+        if preset.tokens is not None:
+            preset = replace(preset, tokens=replace(preset.tokens, base={**preset.tokens.base, **given}))
     # A crashed run raises RunFailed (exit 1): its folder keeps what it had; rerunning resumes.
     rep = reproduce(preset, args.out, jobs=args.jobs)
     result = {"preset": rep["preset"], "out": rep["out"], "report": f"{rep['out']}/report.md",

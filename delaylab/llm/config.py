@@ -30,12 +30,24 @@ ENGINES = ("simulator", "pipeline")
 LR_SCHEDULES = ("cosine", "wsd", "constant")
 DTYPES = ("float32", "float64")
 LOGGERS = ("none", "tensorboard", "wandb")
-# Pipeline schedules and the delay each one produces on stage s of P.
+# Pipeline schedules and the delay each one produces on stage s of P (schedule_delays): config-level
+# data, so resolving a config needs no engine code.
 PIPELINE_SCHEDULES = ("2bw", "pipedream", "1f1b", "gpipe", "torch-1f1b", "torch-gpipe")
 DEFAULT_STAGES = 2  # a pipeline run's stage count when none is given
 # The single corrector names each engine runs, from the registry (which imports no torch): a
 # pipeline stage runs the correctors that take their gradients' staleness as a lag.
 CORRECTIONS_BY_ENGINE = {"simulator": corrections.NAMES, "pipeline": corrections.PIPELINE}
+
+
+def schedule_delays(name: str, stages: int) -> list[int]:
+    """Each stage's delay under schedule ``name`` (torch's runtimes: as their own names): 2BW one
+    update everywhere, PipeDream ``P - 1 - s`` on stage s, the flushing schedules none."""
+    name = name.removeprefix("torch-")
+    if name == "2bw":
+        return [1] * stages
+    if name == "pipedream":
+        return [stages - 1 - s for s in range(stages)]
+    return [0] * stages
 
 
 def _f(default: Any, help: str, **kw):
@@ -433,7 +445,6 @@ def _check_ranges(cfg: Config) -> None:
 
 def _resolve_parallel(cfg: Config, engine: str, world_size: int) -> None:
     """Fill schedule, delay, stages and grad_accum: one place for how they determine each other."""
-    from delaylab.llm.pipeline.schedules import schedule_delays
 
     par, dl = cfg.parallel, cfg.delay
     given = dl.delay

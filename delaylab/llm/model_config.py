@@ -94,6 +94,10 @@ class GPTConfig:
 # embeddings stand in for RoPE to keep one embedding module; they add block_size * d
 # parameters (1.2M / 2.0M).
 PRESETS: dict[str, GPTConfig] = {
+    # The bottom of the tokens-per-parameter axis (cpu-tokens-2): tiny's shape at d = 32 and 48
+    # (43k and 83k parameters at vocab 256 and context 64, against tiny's 135k).
+    "nano": GPTConfig(n_layer=2, n_head=4, d_model=32, block_size=64),
+    "micro": GPTConfig(n_layer=2, n_head=4, d_model=48, block_size=64),
     # CI: a run of a few hundred steps takes seconds on one core.
     "tiny": GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=64),
     # The CPU benchmark of the issue: a 4-layer byte-level GPT, d=128, context 128.

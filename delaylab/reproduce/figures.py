@@ -323,10 +323,52 @@ def plot_delays(part9: dict):
     return fig
 
 
+def plot_tokens(part: dict):
+    """Left: the gap (mean, 95% t band) at every validation of the 20:1 runs, against the fraction of
+    the run, cosine / constant / 10x batch per size. Right: the final gap at every point (95% t)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    rows = part["rows"]
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    top = max(r["tokens_per_param"] for r in rows)
+    styles = {"cosine": "-", "constant": "--", "wide": ":"}
+    for i, size in enumerate(sizes):
+        for r in rows:
+            if r["size"] != size or r["tokens_per_param"] != top:
+                continue
+            xs = [x["fraction"] for x in r["along"]]
+            ys = [math.nan if x["gap"]["mean"] is None else x["gap"]["mean"] for x in r["along"]]
+            a.plot(xs, ys, color=f"C{i}", ls=styles[r["kind"]], marker="o", ms=2, label=f"{size}, {r['kind']}")
+            lo = [x["gap"]["ci"][0] if x["gap"]["ci"] else math.nan for x in r["along"]]
+            hi = [x["gap"]["ci"][1] if x["gap"]["ci"] else math.nan for x in r["along"]]
+            a.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.12)
+    a.axhline(0, color="black", lw=0.8)
+    a.set_xlabel("fraction of the run (updates)")
+    a.set_ylabel("delayed - sync val loss")
+    a.set_title(f"gap along the {top:g}:1 runs (95% t band)", fontsize=8)
+    order = list(dict.fromkeys((r["tokens_per_param"], r["kind"]) for r in rows))
+    for i, size in enumerate(sizes):
+        mine = {(r["tokens_per_param"], r["kind"]): r for r in rows if r["size"] == size}
+        for j, key in enumerate(order):
+            g = mine[key]["gap"]
+            if g["mean"] is None:
+                continue
+            err = [[g["mean"] - g["ci"][0]], [g["ci"][1] - g["mean"]]] if g["ci"] else None
+            b.errorbar([j + 0.2 * (i - 1)], [g["mean"]], err, marker="o", ms=4, capsize=2, color=f"C{i}",
+                       label=size if j == 0 else None)
+    b.set_xticks(range(len(order)), [f"{r:g}:1\n{k}" for r, k in order], fontsize=7)
+    b.axhline(0, color="black", lw=0.8)
+    b.set_title("final gap at each point (95% t)", fontsize=8)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 FILES = {"optimizers": "repro_loss_curves.png", "mitigations": "repro_gap_mitigations.png",
          "momentum": "repro_gap_vs_momentum.png", "learning_rate": "repro_loss_vs_lr.png",
          "schedules": "repro_schedules.png", "toy": "repro_toy_rates.png", "ablations": "repro_ablations.png",
-         "scale": "repro_scale.png", "delays": "repro_delays.png"}
+         "scale": "repro_scale.png", "delays": "repro_delays.png", "tokens": "repro_tokens.png"}
 
 
 def names(parts: dict) -> dict[str, str]:
@@ -346,6 +388,7 @@ def write(parts: dict, L, out: Path) -> dict[str, str]:
         "ablations": lambda: plot_ablations(parts["ablations"]),
         "scale": lambda: plot_scale(parts["scale"]),
         "delays": lambda: plot_delays(parts["delays"]),
+        "tokens": lambda: plot_tokens(parts["tokens"]),
     }
     written = names(parts)
     for key, name in written.items():

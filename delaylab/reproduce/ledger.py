@@ -83,6 +83,15 @@ class Ledger:
     def val_curve(self, run) -> list[list]:
         return self._by[run.folder]["val_curve"]
 
+    def val_records(self, run) -> list[dict]:
+        """The run's validations as metrics records: tokens and val_loss, and where the Ledger keeps
+        them (``val_steps``; not in report version 3) the update and the lr at each."""
+        x = self._by[run.folder]
+        recs = [{"tokens": t, "val_loss": v} for t, v in x["val_curve"]]
+        for rec, (step, lr) in zip(recs, x.get("val_steps") or ()):
+            rec.update(step=step, lr=lr)
+        return recs
+
     def train_curve(self, folder: str) -> tuple[list, list]:
         """(steps, train losses) of a GPT run; empty where the Ledger kept none (report version 3)."""
         pts = self._by[folder].get("train_curve") or []
@@ -117,7 +126,7 @@ class Ledger:
                          "seed": c.seed, "val_loss": x["val_loss"], "run": r.folder, "variant": r.variant,
                          "issues": protocol_issues(c.optimizer, c.momentum, r.base["steps"], r.base.get("warmup"))})
             if curves:
-                rows[-1]["metrics"] = [{"tokens": t, "val_loss": v} for t, v in x["val_curve"]]
+                rows[-1]["metrics"] = self.val_records(r)
         return rows
 
     def ns_dtypes(self) -> dict:
@@ -146,6 +155,10 @@ class Ledger:
     def delay_axis(self) -> dict | None:
         return P.delay_axis(self.preset, self)[1] if self.preset.delays is not None else None
 
+    @functools.cached_property
+    def tokens_axis(self) -> dict | None:
+        return P.tokens_axis(self.preset, self)[1] if self.preset.tokens is not None else None
+
     def decisions(self) -> dict:
         """Every decision the plan made on the results, with its reason, JSON-ready: per optimizer the
         best sync lr, its grid, how far it grew and where an optimum stayed at an edge (censored);
@@ -165,6 +178,9 @@ class Ledger:
                                                        "seeds": c["cell"]["power"]["seeds"],
                                                        "resolved": c["cell"]["power"]["resolved"]}
                            for (size, ratio, opt), c in self.axis.items()}
+        if self.tokens_axis is not None:
+            out["tokens_axis"] = {f"{size}/{ratio:g}/{kind}": {k: pt[k] for k in ("lrs", "best", "extended", "censored")}
+                                  for (size, ratio, kind), pt in self.tokens_axis.items()}
         if self.delay_axis is not None:
             out["delay_lrs"] = {"/".join(k) if isinstance(k, tuple) else k:
                                 ({o: g["best"]["sync"] for o, g in v.items()} if k == "sync"
@@ -188,7 +204,8 @@ def _gpt_line(p: Preset, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
     delaylab: what the run was (optimizer, mode, correction, delay, lr, momentum, seed, the model
     preset and the report's, the run's variant and label), its size (params, steps, tokens,
     tokens_per_param), its result (final ``val_loss``, None where it diverged, ``val_curve``:
-    [tokens, val_loss] at every validation) and, for the figures and the regime columns,
+    [tokens, val_loss] at every validation, ``val_steps``: [update, lr] at each) and, for the figures
+    and the regime columns,
     ``train_curve`` ([step, train_loss]) and ``diagnostics`` (:func:`delaylab.llm.metrics.diagnostics`)."""
     from delaylab.llm.config import Config
 
@@ -203,13 +220,14 @@ def _gpt_line(p: Preset, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
         "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": p.name,
         "variant": r.variant, "folder": r.folder, "params": params, "steps": cfg.run.steps,
         "batch_size": cfg.data.batch_size, "block_size": cfg.model.block_size,
-        "warmup": r.base.get("warmup"), "sync_start": r.base.get("sync_start", 0),
+        "warmup": r.base.get("warmup"), "lr_schedule": cfg.lr_schedule.lr_schedule, "sync_start": r.base.get("sync_start", 0),
         "sync_cooldown": r.base.get("sync_cooldown", 0), "dc_lambda": r.base.get("dc_lambda"),
         "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
         "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
         "ns_dtype": summary.get("ns_dtype"), "val_curve": curve,
+        "val_steps": [[m["step"], m.get("lr")] for m in lines if m.get("val_loss") is not None],
         "train_curve": [[m["step"], m["train_loss"]] for m in lines if m.get("train_loss") is not None],
-        "diagnostics": metrics.diagnostics(lines) if lines else None}
+        "diagnostics": metrics.diagnostics(lines) if any("train_loss" in m for m in lines) else None}
 
 
 def _toy_line(run, result: dict) -> dict:

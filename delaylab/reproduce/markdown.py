@@ -136,6 +136,8 @@ def _part_table(part: dict) -> list[str]:
         return _scale_tables(part)
     if key == "delays":
         return _delay_tables(part)
+    if key == "tokens":
+        return _tokens_tables(part)
     if key == "toy":
         ts = rows[0]["T"]
         lines = _table(["problem", "method", "mode"] + [f"measured/bound T={t}" for t in ts]
@@ -214,6 +216,33 @@ def _ablation_tables(rows: dict) -> list[str]:
         lines += _table(["optimizer", "lambda", "gap with DC-ASGD", "recovers"],
                         [[r["optimizer"], "adaptive (DC-ASGD-a)" if r["lambda"] is None else f"{r['lambda']:g}",
                           _ms(r["fix_gap"], "+.3f"), _rec(r["recovered"])] for r in rows["dc"]])
+    return lines
+
+
+def _tokens_tables(part: dict) -> list[str]:
+    lines = [f"Setup: {part['setup']}.", ""]
+    lines += _table(["size", "params", "tokens/param", "schedule", "batch", "updates", "lrs (grown)", "sync lr",
+                     "delayed lr", "seeds", "sync", "delayed", "gap (95% t)"],
+                    [[r["size"], f"{r['params'] / 1e6:.3f}M", f"{r['tokens_per_param']:g}", r["lr_schedule"],
+                      str(r["batch_size"]), str(r["updates"]), ", ".join(f"{x:g}" for x in r["lrs"]),
+                      f"{r['best']['sync']:g}{_cens(r['censored'].get('sync'))}",
+                      f"{r['best']['delayed']:g}{_cens(r['censored'].get('delayed'))}", str(r["seeds"]),
+                      _ms(r["sync"]), _ms(r["delayed"]), _gap_ci(r["gap"])] for r in part["rows"]])
+    lines += ["", "The gap along each run (per seed at the same validation, 95% t): at the peak lr (the first "
+                  "validation after warmup), at the validation nearest mid-run and at the end; closing = peak - end:",
+              ""]
+    lines += _table(["size", "tokens/param", "schedule", "batch"] + [f"gap at {k} (update, lr/peak)" for k in
+                                                                    ("peak", "mid", "end")] + ["closing (95% t)"],
+                    [[r["size"], f"{r['tokens_per_param']:g}", r["lr_schedule"], str(r["batch_size"])]
+                     + [f"{_gap_ci(r['reads'][k]['gap'])} ({r['reads'][k]['step']}, {r['reads'][k]['lr_factor']:.2f})"
+                        for k in ("peak", "mid", "end")] + [_gap_ci(r["closing"])] for r in part["rows"]])
+    lines += ["", "What moves the gap, one factor at a time (difference of the two points' means, Welch's 95% "
+                  "interval; independent runs):", ""]
+    lines += _table(["size", "what changes", "from", "to", "quantity", "from -> to", "change (95% Welch)"],
+                    [[s["size"], s["what"], s["from"], s["to"], s["quantity"],
+                      f"{_n(s['first'], '+.3f')} -> {_n(s['second'], '+.3f')}",
+                      f"{_n(s['delta'], '+.3f')} {ci_text(s)}".strip()] for s in part["separations"]])
+    lines += [""] + [f"- {c}." for c in part["conclusion"]]
     return lines
 
 

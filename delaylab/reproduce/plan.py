@@ -414,6 +414,49 @@ def axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
     return runs, (table if done else None)
 
 
+# -- the tokens axis, unconfounded (issue 36) -----------------------------------------------------------
+
+
+def tokens_base(p: Preset, size: str, ratio: float, kind: str) -> dict:
+    """The TrainConfig fields of one point of :class:`~delaylab.reproduce.presets.TokensGrid`."""
+    t = p.tokens
+    b = t.base
+    batch = t.wide_batch if kind == "wide" else t.batch_size
+    params = model_params(size, t.block_size, b.get("data", "shakespeare"), b.get("tokenizer", "byte"),
+                          b.get("vocab_size"))
+    steps = max(1, round(ratio * params / (batch * t.block_size)))
+    return {**b, "preset": size, "batch_size": batch, "block_size": t.block_size, "steps": steps,
+            "lr_schedule": "constant" if kind == "constant" else "cosine", "eval_batches": t.val_windows // batch,
+            "eval_every": max(1, steps // t.evals), "ckpt_every": max(1, steps // 2), "log_every": max(1, steps // 40)}
+
+
+def tokens_variant(size: str, ratio: float, kind: str) -> str:
+    return f"tokens-{size}-{ratio:g}tpp-{kind}"
+
+
+def tokens_point(p: Preset, src, size: str, ratio: float, kind: str) -> dict:
+    """One point's lr grid (both modes on it, every seed), grown at an edge: :func:`adaptive_lrs`'
+    record plus ``runs`` (every run of the grid so far)."""
+    t = p.tokens
+    variant, base = tokens_variant(size, ratio, kind), tokens_base(p, size, ratio, kind)
+
+    def runs_at(lr):
+        return _runs(variant, base, t.optimizer, lr, t.momentum, t.modes, t.seeds)
+
+    grid = adaptive_lrs(src, t.lrs, runs_at, t.modes, t.lr_extend)
+    return {**grid, "runs": [r for lr in grid["lrs"] for r in runs_at(lr)], "base": base}
+
+
+def tokens_axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
+    """Every tokens-axis run decidable now, and ``{(size, ratio, kind): point}`` once all are done."""
+    runs, table = [], {}
+    for size, ratio, kind in p.tokens.points():
+        point = tokens_point(p, src, size, ratio, kind)
+        runs += point["runs"]
+        table[(size, ratio, kind)] = point
+    return runs, (table if all(pt["done"] for pt in table.values()) else None)
+
+
 # -- the delay axis ------------------------------------------------------------------------------------
 
 
@@ -567,7 +610,7 @@ def delay_axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
 
 def schedule_delays(depth: int) -> list[int]:
     """PipeDream's per-stage delays at ``depth`` stages, from the pipeline's schedule model."""
-    from delaylab.llm.pipeline.schedules import schedule_delays as delays
+    from delaylab.llm.config import schedule_delays as delays
 
     return delays("pipedream", depth)
 
@@ -622,6 +665,8 @@ def llm_runs(p: Preset, src) -> list[LLMRun]:
         runs += axis(p, src)[0]
     if p.delays is not None:
         runs += delay_axis(p, src)[0]
+    if p.tokens is not None:
+        runs += tokens_axis(p, src)[0]
     if p.llm is not None:
         runs += grid(p, src)
     if p.schedules is not None:
@@ -687,6 +732,9 @@ def check_protocol(p: Preset) -> None:
         for size, ratio in p.scale.points():
             for opt in p.scale.optimizers:
                 check(opt, p.scale.momentum.get(opt), axis_base(p, size, ratio))
+    if p.tokens is not None:
+        for size, ratio, kind in p.tokens.points():
+            check(p.tokens.optimizer, p.tokens.momentum, tokens_base(p, size, ratio, kind))
     if p.delays is not None:
         for s in p.delays.settings:
             for opt in p.delays.optimizers:

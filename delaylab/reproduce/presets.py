@@ -105,6 +105,45 @@ class ScaleGrid:
 
 
 @dataclass(frozen=True)
+class TokensGrid:
+    """The tokens-per-parameter axis with its confounds pulled apart (issue 36): ``optimizer``'s sync
+    and delayed runs at three kinds of point, each ``(size, ratio, schedule, batch)``:
+
+    - ``cosine`` at every size and ratio, ``batch_size`` sequences per update (more tokens = more updates);
+    - ``wide``: the largest ratio with ``wide_batch`` sequences, as many updates as the smallest ratio
+      (more tokens, same updates; against ``cosine`` at the largest ratio: same tokens, more updates);
+    - ``constant``: the largest ratio with the lr held after warmup (no decay: the gap read along
+      it against cosine's says how much of its closing is the decay).
+
+    At every point both modes' lrs are tuned over the same ``seeds`` seeds on ``lrs`` (grown at an edge
+    by ``lr_extend`` steps per side), each mode its own best by the mean; the gap is the paired
+    (same seed: same init and batches) delayed - sync difference at the two best lrs, read at every
+    validation (``evals`` per run) as well as at the end.
+    """
+
+    base: dict
+    sizes: tuple[str, ...]
+    ratios: tuple[float, ...]
+    batch_size: int
+    wide_batch: int
+    block_size: int
+    optimizer: str
+    lrs: tuple[float, ...]
+    momentum: float | None
+    seeds: int
+    modes: tuple[str, ...] = ("sync", "delayed")
+    lr_extend: int = 2
+    evals: int = 12
+    val_windows: int = 40  # every point validates on the same windows: a multiple of both batches
+
+    def points(self) -> list[tuple[str, float, str]]:
+        """``(size, ratio, kind)``: kind ``cosine``, ``wide`` or ``constant``."""
+        top = max(self.ratios)
+        return ([(size, r, "cosine") for size in self.sizes for r in self.ratios]
+                + [(size, top, kind) for kind in ("wide", "constant") for size in self.sizes])
+
+
+@dataclass(frozen=True)
 class ScheduleGrid:
     """Finding 5: sync, PipeDream-2BW (tau = 1 everywhere) and PipeDream's per-stage delays.
 
@@ -235,6 +274,7 @@ class Preset:
     scale: ScaleGrid | None = None
     notes: tuple[str, ...] = field(default=())
     delays: DelayGrid | None = None
+    tokens: TokensGrid | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -242,7 +282,7 @@ class Preset:
     @property
     def base(self) -> dict:
         """The TrainConfig fields every GPT run of the preset starts from."""
-        return next(g.base for g in (self.llm, self.scale, self.delays) if g is not None)
+        return next(g.base for g in (self.llm, self.scale, self.delays, self.tokens) if g is not None)
 
 
 _RUN = dict(data="shakespeare", tokenizer="byte", threads=1, progress=False, device="cpu")
@@ -358,6 +398,22 @@ PRESETS: dict[str, Preset] = {
         notes=("the small GPT stops at 0.5 tokens per parameter and the medium one is not run: time (small at 2 "
                "tokens per parameter alone would take about 45 min of the 90 on 2 cores)",),
     ),
+    "cpu-tokens-2": Preset(
+        name="cpu-tokens-2",
+        summary="the tokens-per-parameter axis unconfounded: AdamW sync and delayed (2BW) on three GPT sizes "
+                "(2 layers, d = 32 / 48 / 64: 0.04M, 0.08M, 0.14M parameters) at 2 and 20 tokens per "
+                "parameter, 4 x 64-token batches and a cosine schedule; at 20 tokens per parameter also 40 x 64 "
+                "(the updates of 2:1 with the tokens of 20:1) and a constant lr (no decay); both modes' lrs "
+                "tuned at every point over 3 seeds; the gap read at every validation",
+        llm=None, schedules=None, toy=None,
+        tokens=TokensGrid(
+            base=dict(_RUN),
+            sizes=("nano", "micro", "tiny"), ratios=(2.0, 20.0), batch_size=4, wide_batch=40, block_size=64,
+            optimizer="adamw", lrs=(2e-3, 4e-3, 8e-3), momentum=0.9, seeds=3,
+        ),
+        notes=("AdamW only and 3 seeds per lr (time: the preset was sized for about an hour of 2 cores); Muon's "
+               "gap at these sizes is a few hundredths (cpu-tokens), under what 3 seeds resolve",),
+    ),
     "cpu-delays": Preset(
         name="cpu-delays",
         summary="the delay axis: the small GPT (4 layers, d=128, context 64), 220 updates of 8 sequences, AdamW and "
@@ -402,6 +458,14 @@ PRESETS: dict[str, Preset] = {
             tuned=("tau-1", "tau-2"), modes=("delayed", "ef+predict"), seeds=2, scan_seeds=2, lr_extend=1,
             overhead=("tau-2",), overhead_seeds=1, overhead_lengths=(2,),
         ),
+    ),
+    "ci-tokens": Preset(
+        name="ci-tokens",
+        summary="the unconfounded tokens axis on a few seconds of training (checks the pipeline, not the science)",
+        llm=None, schedules=None, toy=None,
+        tokens=TokensGrid(base=dict(_RUN), sizes=("nano",), ratios=(0.1, 0.4), batch_size=2, wide_batch=8,
+                          block_size=32, optimizer="adamw", lrs=(2e-3, 4e-3), momentum=0.9, seeds=2, lr_extend=0,
+                          evals=4, val_windows=8),
     ),
     "ci": Preset(
         name="ci",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.reproduce import delays, figures, findings, protocol
+from delaylab.reproduce import delays, figures, findings, protocol, tokens
 from delaylab.reproduce import plan as P
 from delaylab.reproduce.ledger import RUNS, Ledger
 from delaylab.reproduce.presets import Preset
@@ -122,6 +122,8 @@ def commands(L: Ledger) -> dict[str, list[str]]:
         cmds["scale"] = llm_commands(P.axis(p, L)[0], o)
     if p.delays is not None:
         cmds["delays"] = llm_commands(P.delay_axis(p, L)[0], o)
+    if p.tokens is not None:
+        cmds["tokens"] = llm_commands(P.tokens_axis(p, L)[0], o)
     return cmds
 
 
@@ -144,6 +146,8 @@ def parts_of(p: Preset) -> list:
         out.append(protocol.scale)
     if p.delays is not None:
         out.append(delays.delays)
+    if p.tokens is not None:
+        out.append(tokens.tokens)
     return out
 
 

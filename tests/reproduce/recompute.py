@@ -353,3 +353,45 @@ def gap_along(runs, optimizer, size, tokens_per_param, momentum) -> list[tuple[f
     at = {s: (dict(map(tuple, sync[s]["val_curve"])), dict(map(tuple, delayed[s]["val_curve"]))) for s in seeds}
     tokens = sorted(set.intersection(*(set(a) & set(b) for a, b in at.values())))
     return [(t / tokens[-1], mean([at[s][1][t] - at[s][0][t] for s in seeds])) for t in tokens]
+
+
+# -- the unconfounded tokens axis (cpu-tokens-2) -----------------------------------------------------
+
+
+def tokens_best(runs, variant, mode) -> float:
+    """The lr whose ``mode`` runs have the lowest mean final val loss at one tokens-axis point."""
+    by_lr: dict[float, list[float]] = {}
+    for r in select(runs, variant=variant, mode=mode):
+        by_lr.setdefault(r["lr"], []).append(r["val_loss"])
+    return min(by_lr, key=lambda lr: mean(by_lr[lr]))
+
+
+def tokens_curves(runs, variant) -> list[tuple[int, dict[int, float]]]:
+    """``[(tokens, {seed: delayed - sync val loss}), ...]`` at every validation of a point, each mode
+    at its own best lr."""
+    cur = {}
+    for mode in ("sync", "delayed"):
+        lr = tokens_best(runs, variant, mode)
+        cur[mode] = {r["seed"]: [tuple(x) for x in r["val_curve"]] for r in select(runs, variant=variant, mode=mode,
+                                                                                   lr=lr)}
+    seeds = sorted(set(cur["sync"]) & set(cur["delayed"]))
+    first = cur["sync"][seeds[0]]
+    return [(first[i][0], {s: cur["delayed"][s][i][1] - cur["sync"][s][i][1] for s in seeds})
+            for i in range(len(first))]
+
+
+def tokens_reads(runs, variant) -> dict[str, dict[int, float]]:
+    """Per-seed gaps at the peak lr (the first validation at or after the 5% warmup), mid-run (the
+    validation nearest half the run) and the end."""
+    line = select(runs, variant=variant)[0]
+    per_update = line["batch_size"] * line["block_size"]
+    curve = tokens_curves(runs, variant)
+    updates = [t // per_update for t, _ in curve]
+    peak = next(i for i, u in enumerate(updates) if u >= line["steps"] // 20)
+    mid = min(range(len(updates)), key=lambda i: (abs(updates[i] - line["steps"] / 2), i))
+    return {"peak": curve[peak][1], "mid": curve[mid][1], "end": curve[-1][1]}
+
+
+def tokens_closing(runs, variant) -> list[float]:
+    reads = tokens_reads(runs, variant)
+    return [reads["peak"][s] - reads["end"][s] for s in sorted(reads["end"])]

@@ -41,6 +41,13 @@ def _gap(m, ci) -> str:
     return f"{m:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
+def _tokens_variant(size: str, point: str) -> str:
+    """The run variant of a tokens-axis point named as the report names it (``20:1 constant lr``)."""
+    ratio, kind = point.split(" ", 1)
+    kind = "wide" if "batch" in kind else kind.split()[0]
+    return f"tokens-{size}-{ratio.removesuffix(':1')}tpp-{kind}"
+
+
 def recomputed(folder: Path) -> dict[str, str]:
     """Check every headline number of ``folder/report.json`` against ``runs.jsonl`` and return the
     strings the docs quote, keyed by what they are (a gap: ``+0.123 [+0.045, +0.201]``; a share:
@@ -164,6 +171,28 @@ def recomputed(folder: Path) -> dict[str, str]:
                 d, ci = R.axis_change(runs, opt, *ends, MOMENTUM[opt])
                 assert _close(d, t["change"]["delta"]) and _same_interval(ci, t["change"]["ci"]), t["quantity"]
                 quoted[f"{opt} {name}"] = _gap(d, ci)
+    if "tokens" in parts:
+        part = parts["tokens"]
+        for e in part["rows"]:
+            variant = f"tokens-{e['size']}-{e['tokens_per_param']:g}tpp-{e['kind']}"
+            assert {m: R.tokens_best(runs, variant, m) for m in ("sync", "delayed")} == e["best"], variant
+            reads = R.tokens_reads(runs, variant)
+            for read, per in reads.items():
+                m, ci = R.t_interval(list(per.values()))
+                got = e["reads"][read]["gap"]
+                assert _close(m, got["mean"]) and _same_interval(ci, got["ci"]), (variant, read)
+                quoted[f"tokens {e['size']} {e['tokens_per_param']:g} {e['kind']} {read}"] = _gap(m, ci)
+            m, ci = R.t_interval(R.tokens_closing(runs, variant))
+            assert _close(m, e["closing"]["mean"]) and _same_interval(ci, e["closing"]["ci"]), variant
+            quoted[f"tokens {e['size']} {e['tokens_per_param']:g} {e['kind']} closing"] = _gap(m, ci)
+            assert _close(reads["end"] and R.mean(list(reads["end"].values())), e["gap"]["mean"])
+        for sep in part["separations"]:
+            a, b = ([v for v in (R.tokens_closing(runs, v) if sep["quantity"] == "closing"
+                                 else R.tokens_reads(runs, v)["end"].values())]
+                    for v in (_tokens_variant(sep["size"], sep["from"]), _tokens_variant(sep["size"], sep["to"])))
+            d, ci = R.welch(a, b)
+            assert _close(d, sep["delta"]) and _same_interval(ci, sep["ci"]), (sep["size"], sep["name"])
+            quoted[f"tokens {sep['size']} {sep['name']}"] = _gap(d, ci)
     if "toy" in parts:
         held, n = R.toy_holds(runs)
         assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")

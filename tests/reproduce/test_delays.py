@@ -107,7 +107,7 @@ def test_plan_rules_on_the_cpu_preset():
     """PipeDream's settings are the schedule model's delays, one block per stage; an interpolated lr lies
     on the lattice between the tuned optima; the plan of an empty folder is the sync grid alone."""
     from delaylab.llm.model import preset as model_preset
-    from delaylab.llm.pipeline.schedules import schedule_delays
+    from delaylab.llm.config import schedule_delays
 
     p = PRESETS["cpu-delays"]
     g = p.delays

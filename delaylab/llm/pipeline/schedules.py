@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 from delaylab.errors import ConfigError
+from delaylab.llm.config import schedule_delays
 
 SCHEDULES = ("gpipe", "1f1b", "2bw", "pipedream")
 
@@ -185,16 +186,6 @@ def _interleave(fwd: range, bwd: range, warmup: int) -> Iterator[tuple[str, int]
         if i < len(rest):
             yield ("F", rest[i])
         yield ("B", n)
-
-
-def schedule_delays(name: str, stages: int) -> list[int]:
-    """Each stage's delay under schedule ``name`` (torch's runtimes: as their own names)."""
-    name = name.removeprefix("torch-")
-    if name == "2bw":
-        return [1] * stages
-    if name == "pipedream":
-        return [stages - 1 - s for s in range(stages)]
-    return [0] * stages
 
 
 def check_config(name: str, stages: int, microbatches: int, n_layer: int | None = None) -> None:
