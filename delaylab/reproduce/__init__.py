@@ -17,6 +17,8 @@ GPT run: enough to recompute every number without delaylab):
 
 Modules: :mod:`~delaylab.reproduce.presets` (the grids), :mod:`~delaylab.reproduce.plan`
 (which runs each finding needs), :mod:`~delaylab.reproduce.runner` (the resumable pool),
+:mod:`~delaylab.reproduce.ledger` (the runs read once at the plan's fixed point, and the
+decisions on them: all the report reads),
 :mod:`~delaylab.reproduce.predict` (the theory side), :mod:`~delaylab.reproduce.findings`
 (tables and verdicts), :mod:`~delaylab.reproduce.figures` and :mod:`~delaylab.reproduce.report`.
 """

@@ -666,7 +666,7 @@ def toy_part(rates: list[dict], cost: dict, comp: dict, cost_folder: str, compar
         numbers.append({"quantity": f"toy {claim}", "predicted": None, "measured": sc["measured"],
                         "ci": sc["interval"], "set": None, "unit": "", "source": "Theorem 1's delay term",
                         "note": "a direction, every step of the sweep", "state": sc["state"], "score": sc})
-    ef_rows = [{**r, "runs": [compare_folder]} for r in comp.get("ef_rows") or compare_ef_rows(comp)]
+    ef_rows = [{**r, "runs": [compare_folder]} for r in (comp["ef_rows"] if "ef_rows" in comp else compare_ef_rows(comp))]
     for r in ef_rows:
         claim = (0, None) if r["predicted_helps"] else (None, 0)  # EF's gain (delayed - EF) > 0, or <= 0
         sc = V.score(f"toy {r['method']}: EF's gain {'> 0' if r['predicted_helps'] else '<= 0'}", r["ef_gain_ci"],

@@ -22,7 +22,7 @@ from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import stats as S
 from delaylab.reproduce.findings import cell_row, diagnostics_of
-from delaylab.reproduce.verdicts import qualitative
+from delaylab.reproduce.verdicts import part_states, qualitative
 
 # The paper's 360M figures the axes head toward (DESIGN.md; arXiv:2606.30634), at 20 tokens per parameter.
 PAPER_SCALE = {"adamw_gap": 0.278, "muon_gap": 0.012, "gap_ratio": 0.278 / 0.012, "adamw_ef": (50.0, 90.0),
@@ -148,17 +148,17 @@ def ablations(L) -> dict:
     heads += [f"{o} best DC-ASGD {'adaptive' if r['lambda'] is None else 'lambda ' + format(r['lambda'], 'g')}: "
               f"{recovery_text(r['recovered'])}" for o, (r, _) in best_dc.items()]
     headline = "; ".join(heads) if heads else "no ablation in this preset"
+    lines = [_line(v) for v in verdicts]
+    numbers = [qualitative("warmup and length", "no bound here predicts the loss gap's change"),
+               qualitative("DC-ASGD lambda", "no bound covers DC-ASGD")]
     return {"id": 7, "key": "ablations", "title": "Protocol ablations: warmup, run length, DC-ASGD's lambda",
             "paper": "(not a finding of the paper) the paper tunes per optimizer and compares at identical "
                      "hyperparameters; these ablations test whether the findings above depend on choices it fixes.",
             "theory": "Theorem 1's delay term 2 L eta tau is summed over the updates: a longer warmup lowers eta "
                       "early, where the delayed runs spike. DC-ASGD (Zheng et al. 2017) corrects g by lambda g*g*(x_t - "
                       "x_{t-tau}); no bound here covers it.",
-            "rows": {"warmup": warmup, "length": length, "dc": dc}, "verdicts": [_line(v) for v in verdicts],
-            "counts": parts, "headline": headline,
-            "theory_numbers": [qualitative("warmup and length", "no bound here predicts the loss gap's change"),
-                               qualitative("DC-ASGD lambda", "no bound covers DC-ASGD")],
-            "reproduced": "n.a.", "reproduced_counts": "", "theory_agrees": "qualitative", "theory_counts": ""}
+            "rows": {"warmup": warmup, "length": length, "dc": dc}, "verdicts": lines, "counts": parts,
+            "headline": headline, "theory_numbers": numbers, **part_states(lines, numbers)}
 
 
 # -- 8: the tokens-per-parameter and model-size axes ---------------------------------------------------------
@@ -291,15 +291,15 @@ def scale(L) -> dict:
              + (f" (power rule up to {s.max_seeds})" if s.max_seeds else " (none added: an unresolved gap says so)")
              + "; lr: the best of a "
              f"{s.scan_seeds}-seed sync scan at each point, grown at an edge up to {s.lr_extend} steps per side")
+    lines = [_line(v) for v in verdicts]
+    numbers = [qualitative("gaps against tokens per parameter and size",
+                           "no number: the bounds' L and sigma are not measured at each point")]
     return {"id": 8, "key": "scale", "title": "Axes: the gaps against tokens per parameter and model size",
             "paper": "360M at 20 tokens per parameter: AdamW +0.278, Muon +0.012; EF recovers 50-90%.",
             "theory": "No bound here depends on the training length or the model size except through L, sigma and T, "
                       "which are not measured at each point.",
-            "setup": setup, "rows": table, "trends": trends, "sizes": sizes, "verdicts": [_line(v) for v in verdicts],
-            "headline": headline,
-            "theory_numbers": [qualitative("gaps against tokens per parameter and size",
-                                           "no number: the bounds' L and sigma are not measured at each point")],
-            "reproduced": "n.a.", "reproduced_counts": "", "theory_agrees": "qualitative", "theory_counts": ""}
+            "setup": setup, "rows": table, "trends": trends, "sizes": sizes, "verdicts": lines, "headline": headline,
+            "theory_numbers": numbers, **part_states(lines, numbers)}
 
 
 def _paper_text(x) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from delaylab import stats
 from delaylab.reproduce import stats as S
 from delaylab.reproduce.presets import Preset
-from delaylab.reproduce.verdicts import qualitative
+from delaylab.reproduce.verdicts import part_states, qualitative
 
 TITLE = "The tokens axis, unconfounded: tokens, updates and the lr's decay"
 READS = ("peak", "mid", "end")
@@ -136,12 +136,12 @@ def tokens(L) -> dict:
              f"every point over the {t.seeds} seeds on {', '.join(f'{x:g}' for x in t.lrs)}, grown at an edge up to "
              f"{t.lr_extend} steps per side; validation on the same {t.val_windows} windows at every point, "
              f"{t.evals} times per run")
+    numbers = [qualitative("the gap against tokens, updates and the lr's decay",
+                           "no number: the bounds' L and sigma are not measured at each point")]
     return {"id": 10, "key": "tokens", "title": TITLE,
             "paper": "360M at 20 tokens per parameter: AdamW +0.278 (the paper runs one length per size).",
             "theory": "The bounds' delay term scales with the lr and tau in updates, not with tokens; none predicts "
                       "the gap's change with the batch at a fixed update count without L and sigma at each point.",
             "setup": setup, "rows": ordered, "separations": seps, "conclusion": conclusion(seps),
             "verdicts": [], "headline": headline,
-            "theory_numbers": [qualitative("the gap against tokens, updates and the lr's decay",
-                                           "no number: the bounds' L and sigma are not measured at each point")],
-            "reproduced": "n.a.", "reproduced_counts": "", "theory_agrees": "qualitative", "theory_counts": ""}
+            "theory_numbers": numbers, **part_states([], numbers)}
