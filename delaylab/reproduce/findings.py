@@ -212,12 +212,12 @@ def optimizer_verdicts(p: Preset, rows: list[dict], by: dict[str, dict]) -> tupl
 def verdict_rows(L) -> list[dict]:
     """The rows finding 1's verdicts read (also where a written report is re-scored): every run of the
     main variant, so the skew check covers the momentum grid's and the mitigations' cells too."""
-    return L.records([r for r in P.llm_runs(L.preset, L) if r.variant == P.MAIN])
+    return L.records([r for r in L.gpt_runs if r.variant == P.MAIN])
 
 
 def optimizers(L) -> dict:
-    p, best = L.preset, L.best
-    rows = L.records(P.grid(p, L) + P.headline(p, L, best))
+    p, best, d = L.preset, L.best, L.decided
+    rows = L.records(d["grid"] + d["headline"])
     table = []
     for opt in p.llm.optimizers:
         base_seeds = set(range(P.seeds(p, opt)))
@@ -225,7 +225,7 @@ def optimizers(L) -> dict:
         row = cell_row(rows, opt, lr, mom, ("sync", "delayed"))
         row["censored"] = best[opt]["censored"]
         row["lrs"] = best[opt]["lrs"]
-        row["power"] = P.headline_seeds(p, L, opt, best) if opt in p.llm.headline else None
+        row["power"] = d["power"].get(opt)
         row["overhead"] = {m: o for m in ("delayed", "ef") for o in [overhead_of(L, opt, m)] if o}
         row["diagnostics"] = diagnostics_of(L, _folders(rows, opt, lr, mom))
         row["neighbourhood"] = [{"lr": x, "gap": cell_row([r for r in rows if r["seed"] in base_seeds], opt, x,
@@ -282,8 +282,8 @@ def _tuned_recovery(rows: list[dict], opt: str, mom, seeds=None) -> dict:
 
 
 def mitigations(L) -> dict:
-    p, best = L.preset, L.best
-    rows = L.records(P.grid(p, L) + P.headline(p, L, best) + P.mitigations(p, best, L))
+    p, best, d = L.preset, L.best, L.decided
+    rows = L.records(d["grid"] + d["headline"] + d["mitigations"])
     mits = p.llm.mitigations
     table = []
     for opt in p.llm.optimizers:
@@ -301,7 +301,7 @@ def mitigations(L) -> dict:
              "sync-cooldown": predict.undelayed_share(p.llm.base, last=k)}
     ef_by_lr, ef_tuned = [], []
     if "ef" in mits and p.llm.ef_lrs:
-        ef_rows = L.records(P.ef_lrs(p, best, L))
+        ef_rows = L.records(d["ef_lrs"])
         for opt in p.llm.ef_lrs:
             mom, base_seeds = best[opt]["momentum"], set(range(P.seeds(p, opt)))
             for lr in P.neighbours(best[opt]["lrs"], best[opt]["lr"]):
@@ -374,12 +374,12 @@ def momentum(L) -> dict:
     sync lr; each momentum at its own best sync lr of its lr grid; each mode at its own best lr
     (delayed tuned too). Each momentum's lr grid grows at an edge (:func:`~delaylab.reproduce.plan.momentum_grid`)."""
     p, best = L.preset, L.best
-    rows = L.records(P.momentum(p, best, L))
+    rows = L.records(L.decided["momentum"])
     table, verdicts, slopes, numbers, changes = [], [], {}, [], {}
     for opt, grid in p.llm.momenta.items():
         pts = []
         for mom in grid:
-            g = P.momentum_grid(p, L, opt, mom, best)
+            g = L.decided["momentum_grid"][(opt, mom)]
             sync_lr = g["best"]["sync"]
             row = cell_row(rows, opt, sync_lr, mom, ("sync", "delayed"))
             row["fixed_lr"] = best[opt]["lr"]
@@ -443,9 +443,9 @@ def _shift_text(m: dict) -> str:
 def learning_rate(L) -> dict:
     """"Delayed degrades faster at high lr" is measured as where each mode's best lr sits: the delayed
     optimum at a lower lr than the sync optimum (shift < 1), each optimum bracketed by its grid."""
-    p, best = L.preset, L.best
-    rows = L.records(P.grid(p, L))
-    ef_rows = L.records(P.ef_lrs(p, best, L)) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
+    p, best, d = L.preset, L.best, L.decided
+    rows = L.records(d["grid"])
+    ef_rows = L.records(d["ef_lrs"]) if p.llm.ef_lrs and "ef" in p.llm.mitigations else []
     table, verdicts, numbers, optima, slopes = [], [], [], {}, {}
     steps = p.llm.base["steps"]
     for opt in p.llm.lr_sweep:
@@ -470,7 +470,7 @@ def learning_rate(L) -> dict:
         if opt in p.llm.ef_lrs and ef_rows:
             ef = metrics.lr_shift(S.by_lr(rows, opt, "delayed", mom, seeds), S.by_lr(ef_rows, opt, "ef", mom, seeds))
             optima[opt]["ef"] = ef
-            grid_ef = P.ef_grid(p, L, opt, best)["lrs"]
+            grid_ef = d["ef_grid"][opt]["lrs"]
             q = f"{opt}: best EF lr / best delayed lr (EF over {', '.join(f'{x:g}' for x in grid_ef)})"
             if pred["ef"] is not None:
                 numbers.append(V.theory_number(q, pred["ef"], ef["ratio"], ef["ci"], pred.get("source", ""), null=1.0,
@@ -513,8 +513,7 @@ def pipedream_verdict(opt: str, delays: list[int], diff: dict, measured: str, is
 
 
 def schedules(L) -> dict:
-    p = L.preset
-    groups = P.schedules(p)
+    p, groups = L.preset, L.decided["schedules"]
     rows = L.records([r for g in groups.values() for r in g])
     s = p.schedules
     table, verdicts, numbers = [], [], []
@@ -589,7 +588,7 @@ def rate_state(points: list[dict], slope: float | None, exponent: float | None, 
 
 
 def toy(L) -> dict:
-    groups = P.toy(L.preset)
+    groups = L.decided["toy"]
     rates = []
     for run in groups["rates"]:
         res = L.summary(run)

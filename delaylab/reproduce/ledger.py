@@ -140,35 +140,44 @@ class Ledger:
     # -- the decisions (the plan's functions, on the Ledger) ------------------------------------------
 
     @functools.cached_property
+    def decided(self) -> dict:
+        """The plan's decisions and their runs (:func:`delaylab.reproduce.plan.decide`), made once."""
+        return P.decide(self.preset, self)
+
+    @property
+    def gpt_runs(self) -> list[LLMRun]:
+        return P.llm_runs(self.preset, self.decided)
+
+    @property
     def best(self) -> dict | None:
-        return P.best_sync(self.preset, self) if self.preset.llm is not None else None
+        return self.decided.get("best")
 
-    @functools.cached_property
+    @property
     def overhead(self) -> dict:
-        return P.overhead_plan(self.preset, self, self.best) if self.best is not None else {}
+        return self.decided.get("overhead", {})
 
-    @functools.cached_property
+    @property
     def axis(self) -> dict | None:
-        return P.axis(self.preset, self)[1] if self.preset.scale is not None else None
+        return self.decided["axis"][1] if "axis" in self.decided else None
 
-    @functools.cached_property
+    @property
     def delay_axis(self) -> dict | None:
-        return P.delay_axis(self.preset, self)[1] if self.preset.delays is not None else None
+        return self.decided["delay_axis"][1] if "delay_axis" in self.decided else None
 
-    @functools.cached_property
+    @property
     def tokens_axis(self) -> dict | None:
-        return P.tokens_axis(self.preset, self)[1] if self.preset.tokens is not None else None
+        return self.decided["tokens_axis"][1] if "tokens_axis" in self.decided else None
 
     def decisions(self) -> dict:
         """Every decision the plan made on the results, with its reason, JSON-ready: per optimizer the
         best sync lr, its grid, how far it grew and where an optimum stayed at an edge (censored);
         the seeds the power rule gave each headline cell and the gap interval that stopped it; the
         run length that reached sync's loss per overhead run; the axes' tuned lrs and seeds."""
-        p, out = self.preset, {}
+        out: dict = {}
         if self.best is not None:
             out["best_sync"] = {o: {"lr": b["lr"], "lrs": b["lrs"], "extended": b["grid"]["extended"],
                                     "censored": b["grid"]["censored"]} for o, b in self.best.items()}
-            out["power"] = {o: P.headline_seeds(p, self, o, self.best) for o in p.llm.headline}
+            out["power"] = self.decided["power"]
             out["overhead"] = {"/".join(map(str, k)): {"length": o["length"], "runs": [r.folder for r in o["runs"]],
                                                        "diverged": o.get("diverged", False)}
                                for k, o in self.overhead.items()}

@@ -208,17 +208,12 @@ def headline_seeds(p: Preset, src, opt: str, best: dict) -> dict:
     return power_seeds(src, runs_for, seeds(p, opt), g.max_seeds if opt in g.headline else None)
 
 
-def cell_seeds(p: Preset, src, opt: str, best: dict) -> int:
-    return headline_seeds(p, src, opt, best)["seeds"] if opt in p.llm.headline else seeds(p, opt)
-
-
-def headline(p: Preset, src, best: dict) -> list[LLMRun]:
-    """The headline cells' runs, seeds by the power rule."""
+def headline(p: Preset, best: dict, power: dict) -> list[LLMRun]:
+    """The headline cells' runs at the seeds the power rule gave them (``power``: {opt: headline_seeds})."""
     g = p.llm
     modes = ("sync", "delayed") + (("ef",) if "ef" in g.mitigations else ())
     return [r for opt in g.headline
-            for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"], modes,
-                           headline_seeds(p, src, opt, best)["seeds"])]
+            for r in _runs(MAIN, g.base, opt, best[opt]["lr"], best[opt]["momentum"], modes, power[opt]["seeds"])]
 
 
 def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
@@ -231,14 +226,14 @@ def variant_base(p: Preset, mitigation: str) -> tuple[str, dict]:
     return MAIN, p.llm.base
 
 
-def mitigations(p: Preset, best: dict, src=None) -> list[LLMRun]:
+def mitigations(p: Preset, best: dict, power: dict) -> list[LLMRun]:
     """Finding 2: every mitigation at each optimizer's best sync lr (EF of a headline cell at its seeds)."""
     runs = []
     for opt in p.llm.optimizers:
         row = best[opt]
         for m in p.llm.mitigations:
             variant, base = variant_base(p, m)
-            n = cell_seeds(p, src, opt, best) if m == "ef" and src is not None else seeds(p, opt)
+            n = power[opt]["seeds"] if m == "ef" and opt in power else seeds(p, opt)
             runs += _runs(variant, base, opt, row["lr"], row["momentum"], (SWEEP_MODE[m],), n, label=m)
     return runs
 
@@ -260,10 +255,10 @@ def ef_grid(p: Preset, src, opt: str, best: dict) -> dict:
     return adaptive_lrs(src, neighbours(best[opt]["lrs"], best[opt]["lr"]), runs_at, ("ef",), g.lr_extend)
 
 
-def ef_lrs(p: Preset, best: dict, src) -> list[LLMRun]:
-    """EF over its own lr grid (recovery against lr; EF's own best lr)."""
+def ef_lrs(p: Preset, best: dict, grids: dict) -> list[LLMRun]:
+    """EF over its own lr grid (``grids``: {opt: ef_grid}; recovery against lr, EF's own best lr)."""
     g = p.llm
-    return [r for opt in g.ef_lrs for lr in ef_grid(p, src, opt, best)["lrs"]
+    return [r for opt in g.ef_lrs for lr in grids[opt]["lrs"]
             for r in _runs(MAIN, g.base, opt, lr, best[opt]["momentum"], ("ef",), seeds(p, opt))]
 
 
@@ -284,11 +279,12 @@ def momentum_grid(p: Preset, src, opt: str, mom: float, best: dict) -> dict:
                         g.lr_extend)
 
 
-def momentum(p: Preset, best: dict, src) -> list[LLMRun]:
-    """Finding 3: sync and delayed over the momentum grid, each momentum over its own lr grid."""
+def momentum(p: Preset, grids: dict) -> list[LLMRun]:
+    """Finding 3: sync and delayed over the momentum grid, each momentum over its own lr grid
+    (``grids``: {(opt, momentum): momentum_grid})."""
     g = p.llm
     return [r for opt, grid_ in g.momenta.items() for mom in grid_
-            for lr in momentum_grid(p, src, opt, mom, best)["lrs"]
+            for lr in grids[(opt, mom)]["lrs"]
             for r in _runs(MAIN, g.base, opt, lr, mom, ("sync", "delayed"), seeds(p, opt))]
 
 
@@ -658,35 +654,57 @@ def toy(p: Preset) -> dict[str, list[ToyRun]]:
 # -- everything ----------------------------------------------------------------------------------------
 
 
-def llm_runs(p: Preset, src) -> list[LLMRun]:
-    """Every GPT run of the report decidable now (also what runs.jsonl lists at the end)."""
-    runs = []
+def decide(p: Preset, src) -> dict:
+    """Every decision that can be made now, each made once, with the runs it leads to (the Ledger
+    keeps this at the fixed point: what the report reads). ``axis``, ``delay_axis``, ``tokens_axis``:
+    (runs, table or None until done); ``grid``; ``schedules`` and ``toy``: {group: runs}; and once
+    every main grid has finished, ``best`` (:func:`best_sync`, else None), ``power`` ({opt:
+    :func:`headline_seeds`} of the headline optimizers), ``headline``, ``mitigations``,
+    ``momentum_grid`` ({(opt, momentum): grid}), ``momentum``, ``ef_grid`` ({opt: grid}), ``ef_lrs``,
+    ``overhead`` (:func:`overhead_plan`) and ``ablations``."""
+    d: dict = {}
     if p.scale is not None:
-        runs += axis(p, src)[0]
+        d["axis"] = axis(p, src)
     if p.delays is not None:
-        runs += delay_axis(p, src)[0]
+        d["delay_axis"] = delay_axis(p, src)
     if p.tokens is not None:
-        runs += tokens_axis(p, src)[0]
-    if p.llm is not None:
-        runs += grid(p, src)
+        d["tokens_axis"] = tokens_axis(p, src)
     if p.schedules is not None:
-        runs += [r for group in schedules(p).values() for r in group]
-    if p.llm is not None:
-        best = best_sync(p, src)
-        if best is not None:
-            runs += headline(p, src, best) + mitigations(p, best, src) + momentum(p, best, src)
-            runs += ef_lrs(p, best, src)
-            runs += [r for rec in overhead_plan(p, src, best).values() for r in rec["runs"]]
-            runs += [r for group in ablations(p, best).values() for r in group]
+        d["schedules"] = schedules(p)
+    if p.toy is not None:
+        d["toy"] = toy(p)
+    if p.llm is None:
+        return d
+    g = p.llm
+    d["grid"] = grid(p, src)
+    best = d["best"] = best_sync(p, src)
+    if best is None:
+        return d
+    d["power"] = power = {opt: headline_seeds(p, src, opt, best) for opt in g.headline}
+    d["momentum_grid"] = {(opt, mom): momentum_grid(p, src, opt, mom, best) for opt, moms in g.momenta.items()
+                          for mom in moms}
+    d["ef_grid"] = {opt: ef_grid(p, src, opt, best) for opt in g.ef_lrs}
+    d.update(headline=headline(p, best, power), mitigations=mitigations(p, best, power),
+             momentum=momentum(p, d["momentum_grid"]), ef_lrs=ef_lrs(p, best, d["ef_grid"]),
+             overhead=overhead_plan(p, src, best), ablations=ablations(p, best))
+    return d
+
+
+def llm_runs(p: Preset, d: dict) -> list[LLMRun]:
+    """Every GPT run of the decisions ``d`` (:func:`decide`), in runs.jsonl's order."""
+    runs = [r for key in ("axis", "delay_axis", "tokens_axis") if key in d for r in d[key][0]]
+    runs += d.get("grid", []) + [r for group in d.get("schedules", {}).values() for r in group]
+    if d.get("best") is not None:
+        runs += d["headline"] + d["mitigations"] + d["momentum"] + d["ef_lrs"]
+        runs += [r for rec in d["overhead"].values() for r in rec["runs"]]
+        runs += [r for group in d["ablations"].values() for r in group]
     return runs
 
 
 def plan(p: Preset, src) -> list:
     """Every run the report needs that can be decided now."""
-    runs: list = llm_runs(p, src)
-    if p.toy is not None:
-        runs += [r for group in toy(p).values() for r in group]
-    return _unique(runs)
+    d = decide(p, src)
+    return _unique(llm_runs(p, d) + [r for group in d.get("toy", {}).values() for r in group])
 
 
 def _unique(runs: list) -> list:

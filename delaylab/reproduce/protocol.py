@@ -78,11 +78,11 @@ def recovery_text(rec: dict | None, unstable: str = " (gap not resolved)") -> st
 
 
 def ablations(L) -> dict:
-    p, best = L.preset, L.best
+    p, best, d = L.preset, L.best, L.decided
     g = p.llm
-    groups = P.ablations(p, best)
+    groups = d["ablations"]
     seeds = range(g.ablation_seeds or g.seeds)  # the 1x reference on the ablations' seeds
-    base_runs = [r for r in P.grid(p, L) + P.mitigations(p, best, L)
+    base_runs = [r for r in d["grid"] + d["mitigations"]
                  if r.cell.optimizer in g.ablation_optimizers and r.cell.lr == best[r.cell.optimizer]["lr"]
                  and r.label in ("sync", "delayed", "ef") and r.variant == P.MAIN and r.cell.seed in seeds]
     base = L.records(base_runs, curves=True)

@@ -101,29 +101,25 @@ def toy_commands(p: Preset) -> list[str]:
 
 def commands(L: Ledger) -> dict[str, list[str]]:
     """Per part, commands that make (or, rerun, read) exactly its runs."""
-    p, o = L.preset, L.out
+    p, o, d = L.preset, L.out, L.decided
     cmds: dict[str, list[str]] = {}
     if p.llm is not None:
-        best = L.best
-        grid = P.grid(p, L)
-        longer = [r for rec in L.overhead.values() for r in rec["runs"] if r.variant != P.MAIN]
+        grid = d["grid"]
+        longer = [r for rec in d["overhead"].values() for r in rec["runs"] if r.variant != P.MAIN]
         cmds.update({
-            "optimizers": llm_commands(grid + P.headline(p, L, best), o) + llm_commands(longer, o),
-            "mitigations": llm_commands(P.mitigations(p, best, L) + P.ef_lrs(p, best, L), o),
-            "momentum": llm_commands(P.momentum(p, best, L), o),
+            "optimizers": llm_commands(grid + d["headline"], o) + llm_commands(longer, o),
+            "mitigations": llm_commands(d["mitigations"] + d["ef_lrs"], o),
+            "momentum": llm_commands(d["momentum"], o),
             "learning_rate": llm_commands([r for r in grid if r.cell.optimizer in p.llm.lr_sweep], o),
-            "ablations": llm_commands([r for g in P.ablations(p, best).values() for r in g], o),
+            "ablations": llm_commands([r for g in d["ablations"].values() for r in g], o),
         })
     if p.schedules is not None:
-        cmds["schedules"] = llm_commands([r for g in P.schedules(p).values() for r in g], o)
+        cmds["schedules"] = llm_commands([r for g in d["schedules"].values() for r in g], o)
     if p.toy is not None:
         cmds["toy"] = toy_commands(p)
-    if p.scale is not None:
-        cmds["scale"] = llm_commands(P.axis(p, L)[0], o)
-    if p.delays is not None:
-        cmds["delays"] = llm_commands(P.delay_axis(p, L)[0], o)
-    if p.tokens is not None:
-        cmds["tokens"] = llm_commands(P.tokens_axis(p, L)[0], o)
+    for part, key in (("scale", "axis"), ("delays", "delay_axis"), ("tokens", "tokens_axis")):
+        if key in d:
+            cmds[part] = llm_commands(d[key][0], o)
     return cmds
 
 
