@@ -35,9 +35,10 @@ SESSIONS = "sessions.jsonl"  # one line per invocation: when, how long, how many
 TOY_KEYS = ("kind", "task", "name", "folder")  # a toy line's own fields; the rest is the run's result
 
 
-def val_curve(lines: list[dict]) -> list[list]:
-    """``[tokens, val_loss]`` at every validation of a run's metrics lines."""
-    return [[m["tokens"], m["val_loss"]] for m in lines if m.get("val_loss") is not None]
+def validations(lines: list[dict]) -> list[dict]:
+    """A run's metrics lines at its validations, as the report reads them: step, tokens, lr, val_loss."""
+    return [{"step": m["step"], "tokens": m["tokens"], "lr": m.get("lr"), "val_loss": m["val_loss"]}
+            for m in lines if m.get("val_loss") is not None]
 
 
 class Folders:
@@ -49,8 +50,8 @@ class Folders:
     def summary(self, run) -> dict | None:
         return read_summary(self.out, run)
 
-    def val_curve(self, run) -> list[list]:
-        return val_curve(read_metrics(self.out / run.folder))
+    def val_records(self, run) -> list[dict]:
+        return validations(read_metrics(self.out / run.folder))
 
 
 @dataclass(eq=False)
@@ -80,11 +81,8 @@ class Ledger:
         """What a finished run's summary.json held that the report reads; None for a run not in the Ledger."""
         return self.summary_of(run.folder) if run.folder in self._by else None
 
-    def val_curve(self, run) -> list[list]:
-        return self._by[run.folder]["val_curve"]
-
     def val_records(self, run) -> list[dict]:
-        """The run's validations as metrics records: tokens and val_loss, and where the Ledger keeps
+        """The run's validations (:func:`validations`): tokens and val_loss, and where the Ledger keeps
         them (``val_steps``; not in report version 3) the update and the lr at each."""
         x = self._by[run.folder]
         recs = [{"tokens": t, "val_loss": v} for t, v in x["val_curve"]]
@@ -219,7 +217,8 @@ def _gpt_line(p: Preset, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
     from delaylab.llm.config import Config
 
     cfg = r.cell.config(Config.from_dict(r.base))
-    curve = val_curve(lines)
+    vals = validations(lines)
+    curve = [[m["tokens"], m["val_loss"]] for m in vals]
     params = summary.get("params")
     tokens = summary.get("tokens") if summary.get("tokens") is not None else (curve[-1][0] if curve else None)
     return {
@@ -234,7 +233,7 @@ def _gpt_line(p: Preset, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
         "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
         "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
         "ns_dtype": summary.get("ns_dtype"), "val_curve": curve,
-        "val_steps": [[m["step"], m.get("lr")] for m in lines if m.get("val_loss") is not None],
+        "val_steps": [[m["step"], m["lr"]] for m in vals],
         "train_curve": [[m["step"], m["train_loss"]] for m in lines if m.get("train_loss") is not None],
         "diagnostics": metrics.diagnostics(lines) if any("train_loss" in m for m in lines) else None}
 

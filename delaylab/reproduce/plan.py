@@ -2,8 +2,8 @@
 
 The same functions serve the runner (what to run) and the report (what it reports), so the two
 cannot disagree. Several runs depend on finished ones, so each function takes a *results source*
-``src`` (``src.summary(run)``: the finished run's summary or None; ``src.val_curve(run)``: its
-[tokens, val_loss] points) and lists what can be decided now. The runner's source reads the run
+``src`` (``src.summary(run)``: the finished run's summary or None; ``src.val_records(run)``: its
+validations, each with tokens and val_loss) and lists what can be decided now. The runner's source reads the run
 folders (:class:`~delaylab.reproduce.ledger.Folders`) and calls :func:`plan` again after every
 finished run until nothing new appears; at that fixed point the runs are read once into the
 :class:`~delaylab.reproduce.ledger.Ledger`, itself a source, on which the report makes the same
@@ -124,11 +124,6 @@ def power_seeds(src, runs_for: Callable[[int, int], list[LLMRun]], first: int, c
         n = min(cap, n + 2)
 
 
-def _records(src, run) -> list[dict]:
-    """The run's validation points as metrics records (what the iso-loss overhead reads)."""
-    return [{"tokens": t, "val_loss": v} for t, v in src.val_curve(run)]
-
-
 def length_base(base: dict, factor: float) -> dict:
     """``base`` run ``factor`` times as long: updates, validation and checkpoint intervals scaled
     (the cosine schedule and the 5% warmup follow the length: the schedule is stretched)."""
@@ -145,7 +140,7 @@ def overhead_runs(src, base: dict, sync: LLMRun, other: LLMRun, lengths) -> dict
     did not reach sync's final val loss. ``{"runs", "done", "overhead", "length"}``: the first
     length that reaches it and its overhead (None where none did, or while running)."""
     runs = [other]
-    sync_metrics = _records(src, sync) if src.summary(sync) is not None else None
+    sync_metrics = src.val_records(sync) if src.summary(sync) is not None else None
     for factor in (1, *lengths):
         variant = _length_variant(factor) if other.variant == MAIN else f"{other.variant}-{_length_variant(factor)}"
         run = other if factor == 1 else LLMRun(variant, length_base(base, factor), other.cell, other.label)
@@ -153,7 +148,7 @@ def overhead_runs(src, base: dict, sync: LLMRun, other: LLMRun, lengths) -> dict
             runs.append(run)
         if sync_metrics is None or src.summary(run) is None:
             return {"runs": runs, "done": False, "overhead": None, "length": None}
-        mine = _records(src, run)
+        mine = src.val_records(run)
         if not val_points(mine) or not val_points(sync_metrics) or not math.isfinite(_loss(src, run)):
             # a diverged run is a result, not a reason to run longer: no overhead
             return {"runs": runs, "done": True, "overhead": None, "length": None, "diverged": True}
