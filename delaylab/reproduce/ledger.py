@@ -4,9 +4,11 @@ The runner plans on the run folders (:class:`Folders`) until nothing new appears
 point :func:`settle` reads each run of the plan once into a line of ``runs.jsonl`` (a GPT run's
 fields, final val loss, val and train curves and regime diagnostics; a toy run's result) and
 checks that the plan, made again on those lines alone, lists the same runs. From then on the
-Ledger is the only source: findings, protocol, delays, figures and report take it, and its
-decisions (best lrs and censoring, seeds added by the power rule, overhead lengths, axis tables)
-come from the same plan functions the runner used, so the report cannot decide otherwise.
+Ledger is the only source: findings, protocol, delays, tokens, figures and report take it. Its
+decisions (best lrs and censoring, seeds added by the power rule, the momentum and EF grids,
+overhead lengths, axis tables) are :func:`delaylab.reproduce.plan.decide` on it, made once
+(:attr:`Ledger.decided`) by the same functions the runner planned with, so the report cannot
+decide otherwise and no part decides again.
 
 ``runs.jsonl`` and ``report.json`` are the Ledger written out; :func:`read` takes it back. A
 report written before the Ledger (report version 3) lacks two things in its ``runs.jsonl``; they
@@ -113,7 +115,7 @@ class Ledger:
         """One row per run (a run listed twice, once) for the findings: optimizer, mode (the run's
         label), lr, momentum, seed, val_loss, run (its folder), variant and ``issues`` (its breaches
         of the protocol, :func:`delaylab.reproduce.verdicts.protocol_issues`). ``curves``: each row
-        also carries its validation points as ``metrics`` (tokens, val_loss)."""
+        also carries its validations as ``metrics`` (:meth:`val_records`)."""
         rows, seen = [], set()
         for r in runs:
             if r.folder in seen:  # the first listing's label counts, as in the plan's (plan._unique)
@@ -135,7 +137,7 @@ class Ledger:
                 out[x["ns_dtype"]] = out.get(x["ns_dtype"], 0) + 1
         return out
 
-    # -- the decisions (the plan's functions, on the Ledger) ------------------------------------------
+    # -- the decisions (plan.decide on the Ledger, once) ----------------------------------------------
 
     @functools.cached_property
     def decided(self) -> dict:
@@ -169,13 +171,18 @@ class Ledger:
     def decisions(self) -> dict:
         """Every decision the plan made on the results, with its reason, JSON-ready: per optimizer the
         best sync lr, its grid, how far it grew and where an optimum stayed at an edge (censored);
-        the seeds the power rule gave each headline cell and the gap interval that stopped it; the
-        run length that reached sync's loss per overhead run; the axes' tuned lrs and seeds."""
+        the seeds the power rule gave each headline cell and the gap interval that stopped it; each
+        momentum's and EF's lr grid; the run length that reached sync's loss per overhead run; the
+        axes' tuned lrs and seeds."""
         out: dict = {}
         if self.best is not None:
             out["best_sync"] = {o: {"lr": b["lr"], "lrs": b["lrs"], "extended": b["grid"]["extended"],
                                     "censored": b["grid"]["censored"]} for o, b in self.best.items()}
             out["power"] = self.decided["power"]
+            grid = ("lrs", "best", "extended", "censored")  # what an lr grid decided, and how it grew
+            out["momentum_grid"] = {f"{o}/{m:g}": {k: g[k] for k in grid}
+                                    for (o, m), g in self.decided["momentum_grid"].items()}
+            out["ef_grid"] = {o: {k: g[k] for k in grid} for o, g in self.decided["ef_grid"].items()}
             out["overhead"] = {"/".join(map(str, k)): {"length": o["length"], "runs": [r.folder for r in o["runs"]],
                                                        "diverged": o.get("diverged", False)}
                                for k, o in self.overhead.items()}
