@@ -16,7 +16,6 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 
 from __future__ import annotations
 
-from delaylab import stats
 from delaylab.llm import metrics
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
@@ -178,11 +177,7 @@ def _change(first: dict, last: dict, kind: str) -> dict:
     Welch's interval of the difference of the two independent means; for a ratio, the change is
     resolved only where the two points' bounded 95% intervals are disjoint (a conservative test)."""
     if kind == "gap":
-        if first.get("mean") is None or last.get("mean") is None:
-            return {"delta": None, "ci": None, "sign": 0}
-        ci = stats.welch_interval(first["values"], last["values"])
-        sign = 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
-        return {"delta": last["mean"] - first["mean"], "ci": ci, "sign": sign}
+        return S.change(first, last)
     a, b = first.get("value"), last.get("value")
     if a is None or b is None:
         return {"delta": None, "ci": None, "sign": 0}

@@ -39,6 +39,16 @@ def diff(a: dict, b: dict) -> dict:
     return sample([None if x is None or y is None else x - y for x, y in zip(va, vb)])
 
 
+def change(first: dict, second: dict) -> dict:
+    """``second - first`` of two independent samples' means (:func:`sample` dicts), Welch's 95%
+    interval, and its sign (0 where the interval holds 0, or a mean is missing)."""
+    if first.get("mean") is None or second.get("mean") is None:
+        return {"delta": None, "ci": None, "sign": 0}
+    ci = stats.welch_interval(first["values"], second["values"])
+    sign = 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
+    return {"delta": second["mean"] - first["mean"], "ci": ci, "sign": sign}
+
+
 def issues_of(rows) -> list[str]:
     return sorted({i for r in rows for i in r.get("issues", ())})
 

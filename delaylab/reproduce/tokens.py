@@ -18,7 +18,6 @@ lrs. Differences between points are of independent runs: Welch's 95% interval.
 
 from __future__ import annotations
 
-from delaylab import stats
 from delaylab.reproduce import stats as S
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.verdicts import part_states, qualitative
@@ -73,16 +72,6 @@ def point_record(L, size: str, ratio: float, kind: str, point: dict) -> dict:
     }
 
 
-def welch(first: dict, second: dict) -> dict:
-    """``second - first`` of two independent samples' means, Welch's 95% interval, and its sign
-    (0 where the interval holds 0)."""
-    if first["mean"] is None or second["mean"] is None:
-        return {"delta": None, "ci": None, "sign": 0}
-    ci = stats.welch_interval(first["values"], second["values"])
-    sign = 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
-    return {"delta": second["mean"] - first["mean"], "ci": ci, "sign": sign}
-
-
 def separations(p: Preset, table: dict) -> list[dict]:
     """Per size, each factor moved alone (and the old axis's two together): ``{"name", "what", "from",
     "to", "quantity", "first", "second", "delta", "ci", "sign"}``, ``delta`` = second - first."""
@@ -105,7 +94,7 @@ def separations(p: Preset, table: dict) -> list[dict]:
             a, b = table[(size, ra, ka)], table[(size, rb, kb)]
             out.append({"size": size, "name": name, "what": what, "quantity": q,
                         "from": f"{ra:g}:1 {kinds[ka]}", "to": f"{rb:g}:1 {kinds[kb]}",
-                        "first": a[q]["mean"], "second": b[q]["mean"], **welch(a[q], b[q])})
+                        "first": a[q]["mean"], "second": b[q]["mean"], **S.change(a[q], b[q])})
     return out
 
 
