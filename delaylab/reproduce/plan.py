@@ -346,16 +346,20 @@ def model_params(size: str, block_size: int, data: str, tokenizer: str, vocab_si
     return sum(x.numel() for x in GPT(preset(size, vocab_size=vocab, block_size=block_size)).parameters())
 
 
+def ratio_base(b: dict, size: str, ratio: float, batch: int, block_size: int, evals: int) -> dict:
+    """The TrainConfig fields that train the ``size`` GPT on ``ratio`` tokens per parameter at
+    ``batch`` sequences of ``block_size`` (updates rounded), validating ``evals`` times."""
+    params = model_params(size, block_size, b.get("data", "shakespeare"), b.get("tokenizer", "byte"),
+                          b.get("vocab_size"))
+    steps = max(1, round(ratio * params / (batch * block_size)))
+    return {**b, "preset": size, "batch_size": batch, "block_size": block_size, "steps": steps,
+            "eval_every": max(1, steps // evals), "ckpt_every": max(1, steps // 2), "log_every": max(1, steps // 40)}
+
+
 def axis_base(p: Preset, size: str, ratio: float) -> dict:
     """The TrainConfig fields of the axis point (size, tokens per parameter)."""
     s = p.scale
-    b = s.base
-    params = model_params(size, s.block_size, b.get("data", "shakespeare"), b.get("tokenizer", "byte"),
-                          b.get("vocab_size"))
-    steps = max(1, round(ratio * params / (s.batch_size[size] * s.block_size)))
-    return {**b, "preset": size, "batch_size": s.batch_size[size], "block_size": s.block_size, "steps": steps,
-            "eval_every": max(1, steps // s.evals), "ckpt_every": max(1, steps // 2),
-            "log_every": max(1, steps // 40)}
+    return ratio_base(s.base, size, ratio, s.batch_size[size], s.block_size, s.evals)
 
 
 def axis_variant(size: str, ratio: float) -> str:
@@ -411,14 +415,9 @@ def axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
 def tokens_base(p: Preset, size: str, ratio: float, kind: str) -> dict:
     """The TrainConfig fields of one point of :class:`~delaylab.reproduce.presets.TokensGrid`."""
     t = p.tokens
-    b = t.base
     batch = t.wide_batch if kind == "wide" else t.batch_size
-    params = model_params(size, t.block_size, b.get("data", "shakespeare"), b.get("tokenizer", "byte"),
-                          b.get("vocab_size"))
-    steps = max(1, round(ratio * params / (batch * t.block_size)))
-    return {**b, "preset": size, "batch_size": batch, "block_size": t.block_size, "steps": steps,
-            "lr_schedule": "constant" if kind == "constant" else "cosine", "eval_batches": t.val_windows // batch,
-            "eval_every": max(1, steps // t.evals), "ckpt_every": max(1, steps // 2), "log_every": max(1, steps // 40)}
+    return {**ratio_base(t.base, size, ratio, batch, t.block_size, t.evals),
+            "lr_schedule": "constant" if kind == "constant" else "cosine", "eval_batches": t.val_windows // batch}
 
 
 def tokens_variant(size: str, ratio: float, kind: str) -> str:
