@@ -346,13 +346,14 @@ def model_params(size: str, block_size: int, data: str, tokenizer: str, vocab_si
     return sum(x.numel() for x in GPT(preset(size, vocab_size=vocab, block_size=block_size)).parameters())
 
 
-def ratio_base(b: dict, size: str, ratio: float, batch: int, block_size: int, evals: int) -> dict:
+def ratio_base(b: dict, size: str, ratio: float, batch: int, block_size: int, evals: int, **fields) -> dict:
     """The TrainConfig fields that train the ``size`` GPT on ``ratio`` tokens per parameter at
-    ``batch`` sequences of ``block_size`` (updates rounded), validating ``evals`` times."""
+    ``batch`` sequences of ``block_size`` (updates rounded), validating ``evals`` times; ``fields``
+    after the size (their order is the printed commands' flag order)."""
     params = model_params(size, block_size, b.get("data", "shakespeare"), b.get("tokenizer", "byte"),
                           b.get("vocab_size"))
     steps = max(1, round(ratio * params / (batch * block_size)))
-    return {**b, "preset": size, "batch_size": batch, "block_size": block_size, "steps": steps,
+    return {**b, "preset": size, "batch_size": batch, "block_size": block_size, "steps": steps, **fields,
             "eval_every": max(1, steps // evals), "ckpt_every": max(1, steps // 2), "log_every": max(1, steps // 40)}
 
 
@@ -416,8 +417,8 @@ def tokens_base(p: Preset, size: str, ratio: float, kind: str) -> dict:
     """The TrainConfig fields of one point of :class:`~delaylab.reproduce.presets.TokensGrid`."""
     t = p.tokens
     batch = t.wide_batch if kind == "wide" else t.batch_size
-    return {**ratio_base(t.base, size, ratio, batch, t.block_size, t.evals),
-            "lr_schedule": "constant" if kind == "constant" else "cosine", "eval_batches": t.val_windows // batch}
+    return ratio_base(t.base, size, ratio, batch, t.block_size, t.evals,
+                      lr_schedule="constant" if kind == "constant" else "cosine", eval_batches=t.val_windows // batch)
 
 
 def tokens_variant(size: str, ratio: float, kind: str) -> str:
