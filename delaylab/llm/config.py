@@ -524,10 +524,15 @@ def _check_combinations(cfg: Config, engine: str) -> None:
                               "(FSDP2 is not wired into its weight versions)")
 
 
+def warmup_updates(steps: int, warmup: int | None) -> int:
+    """The linear warmup's length: ``warmup``, or by default 5% of the run's updates."""
+    return steps // 20 if warmup is None else warmup
+
+
 def lr_factor(k: int, cfg: Config) -> float:
     """Multiplier of the peak lr at update ``k`` (0-based): linear warmup, then the schedule."""
     s, steps = cfg.lr_schedule, cfg.run.steps
-    warmup = steps // 20 if s.warmup is None else s.warmup
+    warmup = warmup_updates(steps, s.warmup)
     if k < warmup:
         return (k + 1) / warmup
     lo = s.min_lr_ratio

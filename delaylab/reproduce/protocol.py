@@ -17,6 +17,7 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 from __future__ import annotations
 
 from delaylab.llm import metrics
+from delaylab.llm.config import warmup_updates
 from delaylab.llm.sweep import summarize
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import stats as S
@@ -86,7 +87,7 @@ def ablations(L) -> dict:
                  and r.label in ("sync", "delayed", "ef") and r.variant == P.MAIN and r.cell.seed in seeds]
     base = L.records(base_runs, curves=True)
     warmup, length, dc, verdicts = [], [], [], []
-    default_warmup = f"{round(100 * (g.base.get('warmup', g.base['steps'] // 20)) / g.base['steps'])}%"
+    default_warmup = f"{round(100 * warmup_updates(g.base['steps'], g.base.get('warmup')) / g.base['steps'])}%"
     for opt in g.ablation_optimizers:
         lr, mom = best[opt]["lr"], best[opt]["momentum"]
         ref = _setting(L, base, opt, lr, mom)

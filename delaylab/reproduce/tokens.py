@@ -18,6 +18,7 @@ lrs. Differences between points are of independent runs: Welch's 95% interval.
 
 from __future__ import annotations
 
+from delaylab.llm.config import warmup_updates
 from delaylab.reproduce import stats as S
 from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.verdicts import part_states, qualitative
@@ -54,8 +55,7 @@ def point_record(L, size: str, ratio: float, kind: str, point: dict) -> dict:
         vals = [delayed[s][i]["val_loss"] - sync[s][i]["val_loss"] for s in seeds]
         along.append({"step": step, "tokens": sync[seeds[0]][i]["tokens"], "fraction": step / base["steps"],
                       "lr_factor": sync[seeds[0]][i]["lr"] / best["sync"], "gap": S.sample(vals)})
-    warmup = base["steps"] // 20 if base.get("warmup") is None else base["warmup"]
-    reads = read_points(base["steps"], warmup, steps_at)
+    reads = read_points(base["steps"], warmup_updates(base["steps"], base.get("warmup")), steps_at)
     gap_at = {k: [along[i]["gap"]["values"][j] for j in range(len(seeds))] for k, i in reads.items()}
     final = {m: {s: c[-1]["val_loss"] for s, c in cur.items()} for m, cur in (("sync", sync), ("delayed", delayed))}
     params = L.summary(point["runs"][0])["params"]

@@ -118,6 +118,7 @@ def protocol_issues(optimizer: str, momentum, steps: int, warmup: int | None) ->
     """The protocol's rules for one run: AdamW's beta1^2 < beta2 (else its second moment lags the
     first), and at least 10 / (1 - beta) updates after warmup for the momentum beta that drives the
     step (the momentum's memory, ten times over; :func:`delaylab.reproduce.predict.direction_beta`)."""
+    from delaylab.llm.config import warmup_updates
     from delaylab.optim.registry import DEFAULTS
     from delaylab.reproduce import predict
 
@@ -129,7 +130,7 @@ def protocol_issues(optimizer: str, momentum, steps: int, warmup: int | None) ->
         beta2 = DEFAULTS["adamw"]["betas"][1]
         if not beta * beta < beta2:
             out.append(f"AdamW beta1 {beta:g} needs beta2 > {beta * beta:.4f}, has {beta2:g}")
-    after = steps - (steps // 20 if warmup is None else warmup)
+    after = steps - warmup_updates(steps, warmup)
     need = 10 / (1 - beta)
     if after < need:
         out.append(f"{optimizer} momentum {beta:g} needs {need:.0f} updates after warmup, has {after}")
