@@ -9,6 +9,7 @@ from delaylab.reproduce.findings import mode_label
 from delaylab.reproduce.protocol import recovery_text
 from delaylab.reproduce.report import RUNS
 from delaylab.reproduce.stats import ci_text
+from delaylab.reproduce.tokens import READS
 
 YES = {True: "yes", False: "no", None: "n/a"}
 
@@ -232,10 +233,10 @@ def _tokens_tables(part: dict) -> list[str]:
                   "validation after warmup), at the validation nearest mid-run and at the end; closing = peak - end:",
               ""]
     lines += _table(["size", "tokens/param", "schedule", "batch"] + [f"gap at {k} (update, lr/peak)" for k in
-                                                                    ("peak", "mid", "end")] + ["closing (95% t)"],
+                                                                    READS] + ["closing (95% t)"],
                     [[r["size"], f"{r['tokens_per_param']:g}", r["lr_schedule"], str(r["batch_size"])]
                      + [f"{_gap_ci(r['reads'][k]['gap'])} ({r['reads'][k]['step']}, {r['reads'][k]['lr_factor']:.2f})"
-                        for k in ("peak", "mid", "end")] + [_gap_ci(r["closing"])] for r in part["rows"]])
+                        for k in READS] + [_gap_ci(r["closing"])] for r in part["rows"]])
     lines += ["", "What moves the gap, one factor at a time (difference of the two points' means, Welch's 95% "
                   "interval; independent runs):", ""]
     lines += _table(["size", "what changes", "from", "to", "quantity", "from -> to", "change (95% Welch)"],

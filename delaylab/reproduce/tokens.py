@@ -24,7 +24,7 @@ from delaylab.reproduce.presets import Preset
 from delaylab.reproduce.verdicts import part_states, qualitative
 
 TITLE = "The tokens axis, unconfounded: tokens, updates and the lr's decay"
-READS = ("peak", "mid", "end")
+READS = ("peak", "mid", "end")  # the validations the gap is read at (read_points), in run order
 
 
 def _curves(rows: list[dict], mode: str, lr: float) -> dict[int, list[dict]]:
