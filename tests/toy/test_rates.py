@@ -102,6 +102,24 @@ def test_interval_and_slope_against_hand_values():
     assert loglog_slope(ts, [3 * t**-0.25 for t in ts]) == pytest.approx(-0.25)
 
 
+def test_interval_is_the_reports_t_interval():
+    """The toy checks' interval is delaylab.stats' (one t interval in the project), with the numbers
+    of the torch formula it replaced (float64 torch std, scipy's t quantile) to 1e-12 relative."""
+    from scipy.stats import t as student
+
+    from delaylab.stats import t_interval
+
+    gen = torch.Generator().manual_seed(3)
+    for n in (2, 3, 8, 16):
+        x = torch.randn(n, generator=gen, dtype=torch.float64) * 5 + 2
+        mean, lo, hi = interval(x)
+        half = float(student.ppf(0.975, n - 1)) * float(x.std()) / math.sqrt(n)
+        assert mean == pytest.approx(float(x.mean()), rel=1e-12, abs=0)
+        assert (lo, hi) == pytest.approx((float(x.mean()) - half, float(x.mean()) + half), rel=1e-12, abs=0)
+        assert [lo, hi] == t_interval(x.tolist())
+        assert interval(x, 0.9)[2] - interval(x, 0.9)[1] < hi - lo
+
+
 def test_delay_cost_trends_measured_and_predicted():
     r = delay_cost(make_problem("logdet"), "lmo-spectral", steps=150, seeds=4, eta_scales=(0.5, 1, 2),
                    betas=(0.5, 0.9, 0.99))
