@@ -82,6 +82,10 @@ def test_planted_wrong_constant_fails_the_bound_check(problem, method, correctio
     assert r["constants"]["L"] == wrong
     assert r["bound_holds"] is False and r["holds"] is False
     assert max(q["ratio"] for q in r["points"]) > 1
+    from delaylab.toy.report import render_rates, verdict
+
+    assert verdict(r) == ("bound fails, slope check holds" if r["slope_holds"] else "bound and slope check fail")
+    assert f"verdict: {verdict(r)}" in render_rates(r)
 
 
 def test_plateau_start_fails_the_slope_check_while_the_bound_holds():
@@ -90,6 +94,10 @@ def test_plateau_start_fails_the_slope_check_while_the_bound_holds():
     assert r["bound_holds"] is True
     assert r["slope_holds"] is False and r["holds"] is False
     assert r["slope"] > r["exponent"] + r["tolerance"]
+    # The text says which part failed, not a bare "NO".
+    from delaylab.toy.report import render_rates
+
+    assert render_rates(r).splitlines()[-1].startswith("verdict: bound holds, slope check fails")
 
 
 def test_interval_and_slope_against_hand_values():

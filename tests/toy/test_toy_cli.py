@@ -55,7 +55,7 @@ def test_rates_json_contract(capsys, tmp_path):
 
 def test_rates_default_problem_is_the_matrix_problem(capsys):
     rc, out, _ = run_cli(capsys, "toy", "rates", "--method", "lmo-spectral", "--T", "30", "--seeds", "2")
-    assert rc == 0 and "rates: logdet, lmo-spectral" in out and "holds:" in out
+    assert rc == 0 and "rates: logdet, lmo-spectral" in out and "\nverdict: " in out
 
 
 def test_suite_writes_table_and_figure(capsys, tmp_path):
@@ -193,6 +193,29 @@ def test_profile_registry_method_gives_toy_rates_numbers(capsys):
         rates = json.loads(out)
         assert rc == 0 and rates["points"] == checks[mode]["points"] and rates["holds"] == checks[mode]["holds"]
         assert all(p["beta"] == 0.9 for p in rates["points"])
+
+
+def test_profile_bound_check_says_which_part_failed(capsys):
+    """The docs' `toy profile --optimizer lmo-spectral` example (reduced grid): each bound-check line
+    ends with the verdict of its two parts, "bound holds, slope check fails" where only the slope
+    fails, never a bare "NO"."""
+    from delaylab.toy.report import verdict
+
+    argv = ["toy", "profile", "--optimizer", "lmo-spectral", "--kwargs", '{"lr": 1, "beta": 0.9}', *PROFILE_FAST[2:],
+            "--problems", "logdet", "--T", "25,100"]
+    rc, out, _ = run_cli(capsys, *argv, "--json")
+    checks = json.loads(out)["bound_check"]
+    rc2, text, _ = run_cli(capsys, *argv)
+    assert rc == rc2 == 0 and len(checks) == 2
+    lines = [line for line in text.splitlines() if line.startswith("bound check ")]
+    assert len(lines) == 2 and "NO" not in text
+    for c, line in zip(checks, lines):
+        assert line.endswith(": " + verdict(c)) and c["bound_holds"] is True
+    # Measured on this grid: the bound holds at every T and the fitted slope is above -1/4 + 0.1.
+    assert checks[0]["slope_holds"] is False and lines[0].endswith("bound holds, slope check fails")
+    assert [verdict({"bound_holds": b, "slope_holds": s}) for b, s in ((True, True), (False, True), (False, False))] \
+        == ["holds", "bound fails, slope check holds", "bound and slope check fail"]
+    assert verdict({"bound_holds": None, "slope_holds": True}) == "no bound"
 
 
 def test_profile_text_json_files_and_figure(capsys, tmp_path):
