@@ -278,6 +278,35 @@ def test_load_optimizer():
             load_optimizer(spec)
 
 
+def test_console_script_imports_a_factory_from_the_working_directory(tmp_path):
+    """`delaylab toy profile --optimizer mymod:make` run from the folder holding mymod.py, with the
+    console script (whose sys.path starts at its bin folder, not the working directory), imports
+    mymod as `python -m delaylab` does; no PYTHONPATH needed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    work, bindir = tmp_path / "project", tmp_path / "bin"
+    work.mkdir()
+    bindir.mkdir()
+    (work / "mymod.py").write_text("import torch\n\ndef make(params):\n"
+                                   "    return torch.optim.SGD(params, lr=0.05, momentum=0.9)\n")
+    # What pip writes for [project.scripts] delaylab = "delaylab.cli:main", in a folder of its own.
+    script = bindir / "delaylab"
+    script.write_text("import sys\nfrom delaylab.cli import main\nsys.exit(main())\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    import delaylab
+
+    env["PYTHONPATH"] = str(Path(delaylab.__file__).parents[1])  # this checkout's delaylab, nothing else
+    argv = ["toy", "profile", "--optimizer", "mymod:make", "--problems", "logdet", "--delays", "1", "--no-ef",
+            "--lr-scales", "1", "--T", "20", "--seeds", "2", "--no-stability", "--json"]
+    run = subprocess.run([sys.executable, str(script), *argv], cwd=work, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["optimizer"] == "mymod:make"
+
+
 # -- the progress total ---------------------------------------------------------------------------
 
 RUN_COUNTS = [
