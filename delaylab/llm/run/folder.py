@@ -42,7 +42,7 @@ class TrainFolder(RunFolder):
     def open(self, loop_state: dict | None = None, *, initial: int = 0, desc: str = "") -> None:
         """Start (or, with the checkpoint's ``loop_state``, continue) the metrics and the bar."""
         run, self.config = self.cfg.run, self.cfg.to_dict()
-        super().open(loop_state, total=run.steps, initial=initial, desc=desc, log=run.log,
+        super().open(loop_state, total=run.steps, initial=initial, desc=desc, log=run.log, unit="update",
                      progress=run.progress if self.writer else False)
 
     # -- during the run -------------------------------------------------------------------------
@@ -62,7 +62,7 @@ class TrainFolder(RunFolder):
 
     def postfix(self, rec: dict) -> dict:
         tokens_s = rec["tokens"] / max(rec.get("time", 0.0), 1e-9) if "tokens" in rec else None
-        return {"loss": f"{rec['train_loss']:.3f}", **({"tok_s": f"{tokens_s:.0f}"} if tokens_s else {})}
+        return {"loss": f"{rec['train_loss']:.3f}", **({"tokens/s": f"{tokens_s:.0f}"} if tokens_s else {})}
 
     def loop_state(self, extra_time: float = 0.0) -> dict:
         """A copy of the loop state for a checkpoint (``extra_time``: this session's time so far)."""
