@@ -33,6 +33,7 @@ import time
 import torch
 
 from delaylab.llm import mfu
+from delaylab.llm.mfu import matmul_tflops  # scripts/gpu_validate.py imports it from here too
 from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
 from delaylab.llm.model import GPT, autocast, compile_blocks
@@ -85,20 +86,6 @@ class TrainerLoop:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def matmul_tflops(device: torch.device, n: int = 1024, dtype=torch.float32, reps: int = 20) -> float:
-    """The best rate of an ``n x n`` matrix product on ``device`` over ``reps`` fenced runs, in TFLOPS."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        _synchronize(device)
-        t0 = time.perf_counter()
-        a @ b
-        _synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e12
 
 
 def _load() -> dict:

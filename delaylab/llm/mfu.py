@@ -77,3 +77,24 @@ def mfu(tokens_per_s: float | None, flops: float, devices: int, peak: float | No
     if tokens_per_s is None or peak is None:
         return None
     return tokens_per_s * flops / (devices * peak * 1e12)
+
+
+def matmul_tflops(device: torch.device, n: int = 1024, dtype=torch.float32, reps: int = 20) -> float:
+    """The best rate of an ``n x n`` matrix product on ``device`` over ``reps`` fenced runs, in TFLOPS: the
+    peak a CPU has no datasheet figure for (benchmarks/trainer_throughput.py, ``llm train --dry-run``)."""
+    import time
+
+    def fence():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        fence()
+        t0 = time.perf_counter()
+        a @ b
+        fence()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12
