@@ -305,8 +305,8 @@ def memory_gb(dry: bool = False) -> dict:
     for name in ("resume", "smoke", "nccl1"):  # up to two runs of a small model
         out[name] = params(s[name]) * 2 * (resident["ef"] + 4) + act(s[name])
     out["ddp"] = params(s["ddp"]) * (resident["ef"] + 4) + act(s["ddp"])
-    p = s["pipeline"]  # a stage: two weight versions and its share of M microbatches' activations
-    out["pipeline"] = params(p) / p["stages"] * (resident["ef"] + 8) + p["microbatches"] * act(p) / p["stages"]
+    p = s["pipeline"]  # a stage: two weight versions, and at most P microbatches in flight of its 1/P of the layers
+    out["pipeline"] = params(p) / p["stages"] * (resident["ef"] + 8) + act(p)
     return {k: round(v / 1e9, 1) for k, v in out.items()}
 
 
