@@ -559,16 +559,18 @@ def phase_gap_360m(ctx: dict, rec: Phase) -> None:
 
     from delaylab.llm.config import Config
     from delaylab.llm.mfu import mfu_both
+    from delaylab.llm.run.setup import load_data
     from delaylab.llm.run.trainer import train
     from trainer_throughput import reused_models
 
     sz, work = ctx["sizes"]["gap-360m"], Path(ctx["work"])
-    d_model = _model_cfg(sz["preset"], sz["block_size"]).d_model
-    lrs = {opt: rule_lr(opt, d_model) for opt in LR_RULE}
+    data = load_data(Config.from_dict(_base(ctx, sz)))  # the corpus, loaded once for every run
+    model_cfg = Config.from_dict(_base(ctx, sz)).model_config(data.vocab_size)
+    lrs = {opt: rule_lr(opt, model_cfg.d_model) for opt in LR_RULE}
     rec.set(preset=sz["preset"], batch_size=sz["batch_size"], block_size=sz["block_size"], seeds=list(GAP_SEEDS),
             lrs=lrs, rule=rule_text())
     with reused_models():  # one build per seed; every arm of a seed starts from a copy of it
-        steps, probe = _gap_length(ctx, sz, lrs)
+        steps, probe = _gap_length(ctx, sz, lrs, data)
         rec.set(steps=steps, probe=probe)
         for seed, opt, arm, kw in gap_runs():
             t0 = time.perf_counter()
@@ -576,10 +578,10 @@ def phase_gap_360m(ctx: dict, rec: Phase) -> None:
                                          eval_every=max(1, steps // 2), eval_batches=sz["eval_batches"],
                                          log_every=sz["log_every"], ckpt_every=0, **kw))
             folder = work / f"gap-{opt}-{seed}-{arm.replace(' ', '').replace('+', '-')}"
-            s = train(cfg, folder)
+            s = train(cfg, folder, dataset=data)
             curve = [{k: r.get(k) for k in ("step", "train_loss", "val_loss")}
                      for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())]
-            both = mfu_both(s["tokens_per_s"], _model_cfg(sz["preset"], sz["block_size"]), 1, s["peak_tflops"])
+            both = mfu_both(s["tokens_per_s"], model_cfg, 1, s["peak_tflops"])
             rec.add({"optimizer": opt, "arm": arm, "seed": seed, "lr": lrs[opt], "val_loss": s["val_loss"],
                      "train_loss": s["train_loss"], "tokens_per_s": s["tokens_per_s"], **both, "curve": curve,
                      "seconds": time.perf_counter() - t0})
@@ -588,7 +590,7 @@ def phase_gap_360m(ctx: dict, rec: Phase) -> None:
                 torch.cuda.empty_cache()
 
 
-def _gap_length(ctx: dict, sz: dict, lrs: dict) -> tuple[int, dict]:
+def _gap_length(ctx: dict, sz: dict, lrs: dict, data) -> tuple[int, dict]:
     """The gap runs' length, fixed before the first of them: the updates (a multiple of 10) that fit
     the seconds the plan gives the runs' updates, at each optimizer's seconds per update measured
     here (the costliest arm, delay 1 + EF, on seed 0's model: 2 untimed updates, then GAP_PROBE
@@ -599,7 +601,7 @@ def _gap_length(ctx: dict, sz: dict, lrs: dict) -> tuple[int, dict]:
     per = {}
     for opt in LR_RULE:
         t = Trainer(Config.from_dict(_base(ctx, sz, optimizer=opt, lr=lrs[opt], seed=GAP_SEEDS[0], steps=100,
-                                           ckpt_every=0, **dict(GAP_ARMS)["delay 1 + EF"])))
+                                           ckpt_every=0, **dict(GAP_ARMS)["delay 1 + EF"])), data)
         for _ in range(2):
             t.step(wait=False)
         t.settle()
