@@ -174,14 +174,13 @@ def test_the_whole_run_ends_with_its_timeout_and_its_phase_with_it(tmp_path):
     """gpu_validate.sh runs the driver under `timeout` (TIMEOUT, or the budget + 30 s): at the end the
     driver gets SIGTERM, kills the running phase's group and records the stop; exit 124. The phases
     after env take about 20 s on a quiet 2-core host, so 12 s ends the run inside one of them,
-    whichever the machine's speed makes it."""
+    whichever the machine's speed makes it (env itself on a host loaded enough)."""
     out = tmp_path / "out"
     names = ["env", "smoke", "resume", "cpu16"]
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_validate.sh"), "--phases", ",".join(names), str(out)],
                           env={**_env(tmp_path), "TIMEOUT": "12"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-3000:]
     phases = json.loads((out / "record.json").read_text())["phases"]
-    assert phases["env"]["status"] == "ok"
     stopped = [n for n in names if n in phases and phases[n]["status"] == "stopped: the driver was stopped (SystemExit)"]
     assert len(stopped) == 1, {n: phases.get(n, {}).get("status") for n in names}
     assert all(phases[n]["status"] == "ok" for n in names[:names.index(stopped[0])])
