@@ -43,6 +43,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -1024,10 +1025,12 @@ def render(record: dict) -> str:
     lines = [f"# Device run {record['date']}: {record['machine']}", "",
              f"Command: `{record['command']}`; {record['gpus']} GPU(s); torch {record.get('torch')}; dry run: "
              f"{record['dry']}; load average before {record['load_before']}; corpus: {record['corpus']}.", "",
-             "| phase | status | seconds | limit | estimate | GPU memory GB (estimate) |", "|---|---|---|---|---|---|"]
+             "| phase | status | seconds | CPU s | limit | estimate | GPU memory GB (estimate) |",
+             "|---|---|---|---|---|---|---|"]
     for name, ph in record["phases"].items():
         peak = (ph.get("data") or {}).get("cuda_peak_gb")
-        lines.append(f"| {name} | {ph['status']} | {_f(ph.get('seconds'), '.0f')} | {ph['limit']:.0f} | "
+        lines.append(f"| {name} | {ph['status']} | {_f(ph.get('seconds'), '.0f')} | {_f(ph.get('cpu_s'), '.0f')} | "
+                     f"{ph['limit']:.0f} | "
                      f"{_f(ph.get('estimate'), '.0f')} | {_f(peak, '.1f')} ({_f(ph.get('memory_gb'), '.1f')}) |")
     a = ASSUMED
     lines += ["", f"Estimates: FLOPs per token x tokens / ({a['peak_tflops']} TFLOPS x MFU {a['mfu']}) + fixed "
@@ -1177,6 +1180,13 @@ def _launch(name: str, work: Path, limit: float, env: dict, dry: bool, started) 
     return status, time.perf_counter() - t0
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children and theirs: a phase's, once it
+    has been waited for, its ranks included."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _tail(path: Path, chars: int = 2500) -> str:
     return path.read_bytes()[-chars:].decode(errors="replace") if path.is_file() else ""
 
@@ -1238,7 +1248,7 @@ def _run_phases(out: Path, work: Path, dry: bool, gpus: int, phases: list[str], 
                 _write_record(out, record)
 
             print(f"gpu_validate: {phase} (limit {limit:.0f} s)", flush=True)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), _children_cpu()
             try:
                 status, seconds = _launch(phase, work, limit, env, dry, started)
             except BaseException as stop:
@@ -1247,7 +1257,8 @@ def _run_phases(out: Path, work: Path, dry: bool, gpus: int, phases: list[str], 
                 _fold(record["phases"][phase], work, phase)
                 _write_record(out, record)
                 raise
-            record["phases"][phase].update(status=status, seconds=round(seconds, 1))
+            record["phases"][phase].update(status=status, seconds=round(seconds, 1),
+                                           cpu_s=round(_children_cpu() - cpu0, 1))
             _fold(record["phases"][phase], work, phase)
             print(f"gpu_validate: {phase}: {record['phases'][phase]['status']} in {seconds:.0f} s", flush=True)
         record["seconds"] = round(time.perf_counter() - start, 1)
