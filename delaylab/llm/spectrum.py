@@ -29,7 +29,8 @@ from delaylab.errors import ConfigError, MissingFile
 from delaylab.theory.nqm import SPECTRUM_FORMAT as FORMAT
 
 
-def _load_run(folder: Path):
+def load_run(folder: Path):
+    """(resolved config, checkpoint root, steps on disk) of a run folder; one-line errors without them."""
     from delaylab.llm import checkpoint
     from delaylab.llm.config import Config
     from delaylab.llm.run.folder import require_folder
@@ -75,7 +76,7 @@ def measure(run: str | Path, probes: int = 4, lanczos_steps: int = 30, batches: 
 
     t0 = time.perf_counter()
     folder = Path(run)
-    cfg, root, steps = _load_run(folder)
+    cfg, root, steps = load_run(folder)
     data = load_data(cfg)
     mcfg = cfg.model_config(data.vocab_size)
     B, T = cfg.data.batch_size, mcfg.block_size
