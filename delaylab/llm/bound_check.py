@@ -410,7 +410,7 @@ def plot(r: dict, path: str) -> None:
     from delaylab._io import save_figure
 
     a = r["along"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"wspace": 0.3})
     vals = np.asarray(a["grad_norm"]) ** r["power"]
     ax.plot(a["step"], vals, "o-", ms=3, label="measured " + ("||grad f||_2^2" if r["power"] == 2 else
                                                              f"||grad f||_* ({r['norm']})"))
