@@ -495,19 +495,24 @@ class TorchObjective:
         """H(point) v for the mean loss over all batches, by double backward (float64 if the model is).
 
         The gradient's graph is kept for the last point, so the power iteration's products at one
-        point cost one backward pass each.
+        point cost one backward pass each. Attention (``scaled_dot_product_attention``) runs its
+        math kernel here, the one with a double backward.
         """
         torch = self._torch
-        if self._graph is None or not all(np.array_equal(a, b) for a, b in zip(self._graph[0], _blocks(point))):
-            self._graph = None
-            ts = self._tensors(point, True)
-            gs = torch.autograd.grad(self._loss_on(ts, self.batches), ts, create_graph=True, allow_unused=True)
-            self._graph = ([b.copy() for b in _blocks(point)], ts, gs)
-        _, ts, gs = self._graph
-        live = [(t, g, torch.as_tensor(b, dtype=t.dtype, device=t.device)) for t, g, b in zip(ts, gs, _blocks(v))
-                if g is not None and g.requires_grad]
-        hv = torch.autograd.grad([g for _, g, _ in live], [t for t, _, _ in live],
-                                 grad_outputs=[b for _, _, b in live], retain_graph=True, allow_unused=True)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        # torch's fused attention kernels have no double backward; the math one has
+        with sdpa_kernel(SDPBackend.MATH):
+            if self._graph is None or not all(np.array_equal(a, b) for a, b in zip(self._graph[0], _blocks(point))):
+                self._graph = None
+                ts = self._tensors(point, True)
+                gs = torch.autograd.grad(self._loss_on(ts, self.batches), ts, create_graph=True, allow_unused=True)
+                self._graph = ([b.copy() for b in _blocks(point)], ts, gs)
+            _, ts, gs = self._graph
+            live = [(t, g, torch.as_tensor(b, dtype=t.dtype, device=t.device)) for t, g, b in zip(ts, gs, _blocks(v))
+                    if g is not None and g.requires_grad]
+            hv = torch.autograd.grad([g for _, g, _ in live], [t for t, _, _ in live],
+                                     grad_outputs=[b for _, _, b in live], retain_graph=True, allow_unused=True)
         by_id = {id(t): h for (t, _, _), h in zip(live, hv)}
         return [_to_numpy(by_id[id(t)]) if by_id.get(id(t)) is not None else np.zeros(t.shape) for t in ts]
 
