@@ -31,7 +31,6 @@ said at the estimated constants, with the L the bound would need to hold.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,7 +219,7 @@ def measure(run: str | Path, every: int = 1, probe_every: int = 0, held: int = 2
         with torch.no_grad():
             for p64, p in zip(model64.parameters(), trainer.model.parameters()):
                 p64.copy_(p)
-        return [A._to_numpy(p) for n, p in model64.named_parameters() if n in covered]
+        return [p.detach().cpu().numpy().copy() for n, p in model64.named_parameters() if n in covered]
 
     steps, norms, losses, etas = [], [], [], []
     secants, curv, sig = [], {}, {}

@@ -192,10 +192,6 @@ class Estimate:
     def __float__(self) -> float:
         return float(self.value)
 
-    def as_dict(self) -> dict:
-        return {"value": float(self.value), "kind": self.kind, "norm": self.norm, "n": int(self.n),
-                "sampling": self.sampling, "note": self.note}
-
 
 def secant(x, y, gx, gy, norm: str) -> float | None:
     """||gx - gy||_* / ||x - y|| (None where x = y): one sample of the secant estimate of L."""
