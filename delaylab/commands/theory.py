@@ -369,10 +369,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_estimators(args) -> int:
-    from delaylab.toy.estimators import markdown, rows
+    from delaylab.toy.estimators import constant_rows, constants_markdown, markdown, rows
 
-    table = rows(seed=args.seed)
-    emit({"rows": table}, args.json, lambda d: markdown(d["rows"]).rstrip())
+    result = {"rows": rows(seed=args.seed), "constants": constant_rows(seed=args.seed)}
+    emit(result, args.json, lambda d: markdown(d["rows"]) + "\n" + constants_markdown(d["constants"]).rstrip())
     return 0
 
 
@@ -477,9 +477,9 @@ def register(sub) -> None:
     k.set_defaults(func=cmd_check)
 
     m = tsub.add_parser(
-        "estimators", help="the estimators of L against the toy problems' exact constants (a markdown table)",
-        description="Both estimates of L (secant, curvature) on the toy problems whose L is known, in each norm: "
-        "the table of docs/assumptions.md.")
+        "estimators", help="the estimators against the toy problems' exact constants (markdown tables)",
+        description="Both estimates of L (secant, curvature) on the toy problems whose L is known, in each norm, "
+        "then sigma, Delta and G0 against their truth: the tables of docs/assumptions.md.")
     m.add_argument("--seed", type=nonneg_int, default=0, help="the perturbations' and power iteration's seed")
     add_json_flag(m)
     m.set_defaults(func=cmd_estimators)

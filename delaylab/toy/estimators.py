@@ -9,6 +9,12 @@ ends. The secant estimate reads the 7 consecutive pairs and one random perturbat
 lower estimates, so each ratio estimate / truth is at most 1 where the truth is exact; how far
 below 1 it is, is what the table shows. ``delaylab theory estimators`` prints it, and
 docs/assumptions.md holds it (tests/theory/test_estimator_table.py recomputes it).
+
+:func:`constant_rows` does the same for the other estimators, per problem: sigma from
+``SIGMA_DRAWS`` stochastic gradients (the problem's own oracle) at the path's two ends against the
+problem's sigma (exact for the Gaussian oracles, an upper bound for minibatch noise); Delta from the
+losses along the path (lower) and with f >= 0 (upper) against f(x0) - inf f; G0 in each norm against
+the problem's own (computed by delaylab.optim.lmo, in torch).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from delaylab.theory.assumptions import estimate_curvature, estimate_smoothness
+from delaylab.theory.assumptions import (estimate_curvature, estimate_delta, estimate_sigma, estimate_smoothness,
+                                         gradient_norm)
 from delaylab.toy.problems import PROBLEMS, Quadratic, make_problem
 
 PATH_POINTS = 8
@@ -82,6 +89,44 @@ def _two_block_rows(seed: int) -> list[dict]:
         out.append({"problem": "two-block quadratic", "shape": "2+2", "norm": norm, "L": truth, "exact": True,
                     "secant": sec.value, "curvature": cur.value})
     return out
+
+
+SIGMA_DRAWS = 64
+
+
+def constant_rows(seed: int = 0) -> list[dict]:
+    """One row per problem: sigma, Delta and G0 estimated on the path of :func:`rows`, and their truth."""
+    out = []
+    for prob in _problems():
+        grad, _ = _oracles(prob)
+        pts = _path(prob, prob.norms[-1])
+
+        def stoch(x, i):
+            gen = torch.Generator().manual_seed(seed * 100003 + i)
+            return prob.sample_grad(torch.as_tensor(np.asarray(x)).unsqueeze(0), gen)[0].numpy()
+
+        sig = estimate_sigma(stoch, [pts[0], pts[-1]], SIGMA_DRAWS)
+        losses = [float(prob.value(torch.as_tensor(p).unsqueeze(0))[0]) for p in pts]
+        delta = estimate_delta(losses, f_lower=0.0)
+        exact = {n: prob.constants(n)["G0"] for n in prob.norms}
+        g0 = {n: gradient_norm(grad, pts[0], n).value for n in prob.norms}
+        out.append({"problem": prob.name, "sigma": prob.sigma, "sigma_exact": getattr(prob, "batch", None) is None,
+                    "sigma_estimate": sig.value, "Delta": prob.delta(), "Delta_lower": delta["lower"].value,
+                    "Delta_upper": delta["upper"].value, "G0": exact, "G0_estimate": g0})
+    return out
+
+
+def constants_markdown(table: list[dict]) -> str:
+    lines = ["| problem | true sigma | sigma estimate | estimate / sigma | true Delta | Delta lower | Delta upper | "
+             "largest G0 error |", "|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        g0 = max(abs(r["G0_estimate"][n] - v) / v for n, v in r["G0"].items())
+        lines.append(f"| {r['problem']} | {r['sigma']:.4g}{'' if r['sigma_exact'] else ' (upper bound)'} | "
+                     f"{r['sigma_estimate']:.4g} | "
+                     f"{'noise-free' if r['sigma'] == 0 else format(r['sigma_estimate'] / r['sigma'], '.3f')} | "
+                     f"{r['Delta']:.4g} | "
+                     f"{r['Delta_lower']:.4g} | {r['Delta_upper']:.4g} | {g0:.1e} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(table: list[dict]) -> str:
