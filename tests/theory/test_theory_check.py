@@ -89,6 +89,15 @@ def test_a_folder_without_checkpoints_or_a_bad_flag_is_one_line_exit_2(lmo_run, 
         err = capsys.readouterr().err
         assert err.strip().count("\n") == 0 and "Traceback" not in err
     assert main(["theory", "check", str(bare)]) == 2 and "no checkpoint" in capsys.readouterr().err
+    # a config that no longer gives the checkpoints' weights: the replay is refused, not measured
+    changed = tmp_path / "changed"
+    shutil.copytree(lmo_run, changed)
+    cfg = json.loads((changed / "config.json").read_text())
+    cfg["optim"]["lr"] = 0.02
+    (changed / "config.json").write_text(json.dumps(cfg))
+    assert main(["theory", "check", str(changed), *FAST, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "does not reproduce the checkpoint of update 2" in err and err.strip().count("\n") == 0
 
 
 def _coverage(**optim):
