@@ -23,11 +23,12 @@ FIX_COLORS = {"delayed": "tab:red", "ef": "tab:blue", "dc-asgd": "tab:green", "s
 
 
 def _mean_curve(L, folders: list[str]):
+    """(steps, mean train loss, seeds) over the runs in ``folders`` that kept a curve."""
     curves = [c for c in (L.train_curve(f) for f in folders) if c[0]]
     if not curves:
         return None
     n = min(len(c[0]) for c in curves)
-    return curves[0][0][:n], [sum(c[1][i] for c in curves) / len(curves) for i in range(n)]
+    return curves[0][0][:n], [sum(c[1][i] for c in curves) / len(curves) for i in range(n)], len(curves)
 
 
 def _subplots(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
