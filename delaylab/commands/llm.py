@@ -258,7 +258,10 @@ def register(sub) -> None:
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR bit-exactly")
     t.add_argument("--stop-at", type=int, metavar="K", help="stop after update K with a checkpoint")
     add_json_flag(t)
-    t.set_defaults(func=cmd_train)
+    from delaylab.commands.predict import add_pilot_flags, with_pilot
+
+    add_pilot_flags(t)  # --predict-at F --predict-sync DIR: a pilot, then its predicted end gap
+    t.set_defaults(func=with_pilot(cmd_train))
 
     s = llm_sub.add_parser(
         "sweep", help="grid of runs and the delayed-minus-sync gap (gaps.json, PNG figures)",

@@ -48,10 +48,11 @@ def held_out(p: Predictor, cells: list[dict], fold: str) -> list[dict]:
     return out
 
 
-def choose(scores: dict, kind: str, names: list[str]) -> str:
-    """The ``kind`` candidate with the most cells within x2 (then the larger Spearman) on the primary fold."""
+def choose(scores: dict, kind: str, names: list[str]) -> str | None:
+    """The ``kind`` candidate with the most cells within x2 (then the larger Spearman) on the primary
+    fold; None where no predictor is of that kind (a run of the baselines alone)."""
     pool = [n for n in names if scores[n]["kind"] == kind]
-    return max(pool, key=lambda n: (scores[n]["within_x2"], scores[n]["spearman"] or -math.inf))
+    return max(pool, key=lambda n: (scores[n]["within_x2"], scores[n]["spearman"] or -math.inf)) if pool else None
 
 
 def run(cells: list[dict], predictors: list[Predictor] | None = None, folds=tuple(FOLDS), progress=None) -> dict:
@@ -76,7 +77,7 @@ def run(cells: list[dict], predictors: list[Predictor] | None = None, folds=tupl
     names = [p.name for p in predictors]
     primary = scores[PRIMARY]
     sync_only, pilot_name = choose(primary, SYNC, names), choose(primary, PILOT, names)
-    pilot_fraction = next(p.fraction for p in predictors if p.name == pilot_name)
+    pilot_fraction = next((p.fraction for p in predictors if p.name == pilot_name), None)
     summary = {"sync_only": sync_only, "pilot": pilot_name, "pilot_fraction": pilot_fraction,
                "primary_fold": PRIMARY, "cells": len(cells), "nqm_cells": len(nqm),
                "reports": sorted({c["report"] for c in cells}),

@@ -2,7 +2,8 @@
 
 Per cell: **within x2** (predicted / measured in [1/2, 2], so the same sign), **inside** (the
 prediction inside the cell's 95% t interval), **right sign**, and ``|log(predicted / measured)|``
-(infinite where the signs differ). Over cells: the three counts, the median of the last, and
+(infinite where the signs differ). Over cells: the three counts, the median of the last (None where
+it is infinite: half the cells or more without a prediction or of the wrong sign), and
 Spearman's rank correlation of predicted with measured over the cells that have a prediction
 (undefined, None, where the predictions are all equal: a constant ranks nothing). A cell without a
 prediction counts as a miss in every count. ``covered``: where the predictor gives an interval,
@@ -53,8 +54,9 @@ def score(cells: list[dict], preds: list[dict]) -> dict:
     rows = [per_cell(p["gap"], c["measured"]) for c, p in zip(cells, preds)]
     have = [(p["gap"], c["measured"]["gap"]) for c, p in zip(cells, preds)
             if p["gap"] is not None and math.isfinite(p["gap"])]
+    med = float(np.median([r["abs_log"] for r in rows])) if rows else math.inf
     out = {"cells": len(cells), "predicted": len(have), **{k: sum(r[k] for r in rows) for k in COUNTS},
-           "median_abs_log": float(np.median([r["abs_log"] for r in rows])) if rows else None,
+           "median_abs_log": med if math.isfinite(med) else None,
            "spearman": spearman([a for a, _ in have], [b for _, b in have])}
     with_iv = [(p["interval"], c["measured"]["gap"]) for c, p in zip(cells, preds) if p.get("interval")]
     out["covered"] = sum(lo <= m <= hi for (lo, hi), m in with_iv) if with_iv else None
