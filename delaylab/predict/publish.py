@@ -57,9 +57,16 @@ def score(root="docs", out="docs/predict", md="docs/predict.md", fitted=FITTED, 
     s["nqm_reports"] = list(harness.NQM_REPORTS)
     nqm_cells = [c for c in cells if c["report"] in harness.NQM_REPORTS]
     issue = harness.run(nqm_cells, all_baselines(nqm_path), folds=(harness.PRIMARY,))
-    s["issue_table"] = {"measured": {n: {k: v[k] for k in ("within_x2", "inside", "sign", "spearman", "median_abs_log")}
-                                     for n, v in issue["summary"]["scores"][harness.PRIMARY].items()},
-                        "quoted": ISSUE_TABLE}
+    from delaylab.predict.nqm_score import REPORTS as NQM_ORDER
+
+    measured = {}
+    in_nqm_order = sorted(issue["cells"], key=lambda c: NQM_ORDER.index(c["report"]))  # stable within a report
+    for n, v in issue["summary"]["scores"][harness.PRIMARY].items():
+        measured[n] = {k: v[k] for k in ("within_x2", "inside", "sign", "spearman", "median_abs_log")}
+        for key, order in (("spearman_ties_in_order", issue["cells"]), ("spearman_ties_in_nqm_order", in_nqm_order)):
+            preds = [(c["predictions"][n], c["measured"]["gap"]) for c in order if c["predictions"][n] is not None]
+            measured[n][key] = ordinal_spearman([a for a, _ in preds], [b for _, b in preds])
+    s["issue_table"] = {"measured": measured, "quoted": ISSUE_TABLE}
     s["corrector"] = corrector.score(cells)
     models = fit_named(cells, s, nqm_path)
     write_json(fitted, models)
@@ -72,6 +79,15 @@ def score(root="docs", out="docs/predict", md="docs/predict.md", fitted=FITTED, 
     R.figure(result, out / "predicted_vs_measured.png", fresh)
     Path(md).write_text(R.markdown(result, fresh, models))
     return result
+
+
+def ordinal_spearman(pred: list, meas: list) -> float:
+    """Pearson's r of the ranks with tied predictions ranked in the cells' order (not averaged): the rule that
+    gives a constant a Spearman's rho at all."""
+    import numpy as np
+    from scipy.stats import rankdata
+
+    return float(np.corrcoef(rankdata(pred, method="ordinal"), rankdata(meas))[0, 1])
 
 
 def fit_named(cells: list[dict], summary: dict, nqm_path) -> dict:

@@ -91,6 +91,7 @@ def readings(result: dict, fresh: dict | None = None) -> list[dict]:
                              f"of {fl['cells']} cells on average, inside its interval in {fl['inside']:.1f}, "
                              f"Spearman's rho {fl['spearman']:.2f}"))
     cor = s["corrector"]
+    out.append(_corrector_resolved(cor))
     if cor["resolved"]:
         right = [int(r["chosen"] == r["best"]) for r in cor["rows"] if r["resolved"]]
         base = [int(r["baseline"] == r["best"]) for r in cor["rows"] if r["resolved"]]
@@ -166,6 +167,36 @@ def _headlines(result: dict, rows: list[dict]) -> list[dict]:
                         f"{cor['right']} of {cor['resolved']}; always picking the held-in settings' most frequent "
                         f"best (EF) is right in {cor['baseline_right']}", "corrector_goal"))
     return out
+
+
+def _nearest_lrs(cells: list[dict], optimizer: str, lrs) -> str:
+    have = sorted({c["lr"] for c in cells if c["optimizer"] == optimizer})
+    return f"{optimizer} " + ", ".join(f"{min(have, key=lambda h: abs(math.log(h / x))):g}" for x in lrs)
+
+
+def _issue_agreement(it: dict, scores: dict) -> str:
+    """Which recomputed baselines equal the quoted numbers in every count, and over how many cells the
+    pilots' Spearman is taken."""
+    same = [n for n, q in it["quoted"].items()
+            if all(it["measured"][n][k] == q[k] for k in ("within_x2", "inside", "sign"))]
+    pilots = [n for n in it["quoted"] if n.startswith("pilot held")]
+    return (f"Equal in every count to the quoted numbers: {', '.join(same) or 'none'}. The pilots' Spearman is over "
+            f"the {scores[pilots[0]]['nqm_cells']['predicted']} of the 193 cells with a validation in the pilot.")
+
+
+def _corrector_resolved(cor: dict) -> dict:
+    """What the resolved settings measured and which corrector was best in them (descriptive)."""
+    res = [r for r in cor["rows"] if r["resolved"]]
+    measured = sorted({" / ".join(r["measured"]) for r in res})
+    best = {}
+    for r in res:
+        best[r["best"]] = best.get(r["best"], 0) + 1
+    four = [r for r in cor["rows"] if len(r["measured"]) >= 3]
+    return _row("corrector_resolved",
+                f"The resolved settings measured {', '.join(measured) or 'nothing'}; their best: "
+                + ", ".join(f"{k} in {v}" for k, v in sorted(best.items()))
+                + f"; of the {len(four)} settings with three or more correctors measured, "
+                  f"{sum(r['resolved'] for r in four)} resolved")
 
 
 def _f(x, spec=".2f") -> str:
@@ -247,7 +278,14 @@ def _scatter(ax, cells, name, color, marker, label, lo):
 
 
 def _reading(rows: list[dict], key: str) -> str:
-    r = next(x for x in rows if x["key"] == key)
+    return _line(next(x for x in rows if x["key"] == key))
+
+
+def _line(r: dict) -> str:
+    """A reading as text: a scored one with its verdict; one that claims no region (a description, or
+    a value without an interval) says so."""
+    if r["region"] is None:
+        return f"{r['statement']} (no region claimed, not scored)"
     return f"{r['statement']} -> **{r['verdict']}**"
 
 
@@ -277,26 +315,27 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
         L.append(f"- **{'met' if x['met'] else 'missed'}** on these cells: {x['statement']}.")
     L += ["", "Met or missed is the count on these cells. Whether it would hold on other cells is the reading "
           "each rests on, below, with its 95% t interval and verdict (agrees: the interval lies inside the claimed "
-          "region; disagrees: outside it; undetermined: it straddles an edge, or there is no interval, as for "
-          "Spearman's rho here):", ""]
+          "region; disagrees: outside it; undetermined: it straddles an edge); Spearman's rho has no interval "
+          "here, so no verdict rests on it:", ""]
     for x in rows:
         if not x.get("headline") and not x["key"].startswith("fresh"):
-            L.append(f"- {x['statement']} -> **{x['verdict']}**")
+            L.append(f"- {_line(x)}")
     L.append("")
     if fresh is not None:
         L += ["Fresh cells (a grid no predictor had seen, scored once after the freeze; "
               "[below](#fresh-cells-scored-once)):", ""]
         for x in rows:
             if x["key"].startswith("fresh"):
-                L.append(f"- {x['statement']} -> **{x['verdict']}**")
+                L.append(f"- {_line(x)}")
         L.append("")
     else:
         L += ["The fresh cells (a grid no predictor has seen) have not been scored yet.", ""]
     L += ["## The score (leave one report out)", "",
           f"{s['cells']} cells: " + ", ".join(f"{r} {n}" for r, n in sorted(by.items())) + ". "
-          f"The NQM score's {nqm_n} cells (cpu-small, cpu-tokens, cpu-delays; the goals count on them) are "
-          "the last column; the other 83 come from cpu-quick, cpu-tokens-2 and the dense/MoE runs of "
-          "docs/beyond.md, whose paired sync runs the NQM score did not read. "
+          f"The NQM score's {nqm_n} cells ({', '.join(s['nqm_reports'])}; the goals count on them) are "
+          f"the last column; the other {s['cells'] - nqm_n} come from "
+          + ", ".join(r for r in sorted(by) if r not in s["nqm_reports"])
+          + " (moe-cpu: the dense and MoE runs of docs/beyond.md), whose paired sync runs the NQM score did not read. "
           f"Named by the harness's rule (most cells within x2 of its kind, then Spearman): sync-only **{sync}**, "
           f"pilot **{pilot}** (the first {s['pilot_fraction']:.0%} of the updates).", ""]
     L += score_table(sc, s["cells"], s["floor"])
@@ -308,19 +347,22 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
     L += ["## The baselines, recomputed on the 193 cells", "",
           "The harness's baselines on the NQM score's cells alone (leave one of their three reports out), beside "
           "the numbers the request for this harness quoted:", "",
-          "| baseline | within x2 (quoted) | inside (quoted) | right sign (quoted) | Spearman (quoted) |",
-          "|---|---|---|---|---|"]
+          "| baseline | within x2 (quoted) | inside (quoted) | right sign (quoted) | Spearman (quoted) | "
+          "Spearman, ties ranked in cell order: this page's, the NQM score's |",
+          "|---|---|---|---|---|---|"]
     it = s["issue_table"]
     for name, q in it["quoted"].items():
         m = it["measured"][name]
         L.append(f"| {name} | {m['within_x2']} ({q['within_x2']}) | {m['inside']} ({q['inside']}) | {m['sign']} "
-                 f"({q['sign']}) | {_f(m['spearman'])} ({q['spearman']:+.2f}) |")
-    L += ["", "Where they differ: a constant has no Spearman's rho (every rank ties); the quoted +0.22 is what "
-          "ranking its ties in cell order gives. The per-optimizer gap/tau baseline counts as \"no corrector\" "
+                 f"({q['sign']}) | {_f(m['spearman'])} ({q['spearman']:+.2f}) | {_f(m['spearman_ties_in_order'], '+.2f')}, "
+                 f"{_f(m['spearman_ties_in_nqm_order'], '+.2f')} |")
+    L += ["", "Where they differ: a constant has no Spearman's rho (every rank ties, and an average rank for ties "
+          "leaves nothing to correlate); ranking tied predictions in the order the cells happen to be listed "
+          "gives one, and which one depends on that order (the last column, in two orders). The per-optimizer gap/tau baseline counts as \"no corrector\" "
           "every cell with correction none (the sync-start and sync-cooldown cells among them) and falls back to "
           "the median over all optimizers for an optimizer no held-in cell has (Lion, SOAP, Adan and MARS, all in "
-          "cpu-small); the quoted 114 / 90 came from another such choice. The pilots and the NQM agree exactly; "
-          "the pilots' Spearman is over the 191 cells with a validation in the pilot.", ""]
+          "cpu-small); the quoted numbers came from another such choice. "
+          + _issue_agreement(it, s["scores"][PRIMARY]), ""]
     L += ["## The candidates", ""]
     for name, v in sc.items():
         L.append(f"- **{name}** ({v['kind']}): {v['about']}.")
@@ -337,8 +379,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
     L += ["## Which corrector", "",
           f"{cor['settings']} settings have two or more of none / EF / prediction / EF + prediction measured; in "
           f"{cor['resolved']} the best one is resolved (its per-seed difference to every other has a 95% t interval "
-          "above 0). Every resolved setting is EF against none, and EF is the best in all of them; none of "
-          "cpu-delays' four-way settings is resolved at 4 seeds.", "",
+          "above 0). " + next(x for x in rows if x["key"] == "corrector_resolved")["statement"] + ".", "",
           "| report | setting | measured | best (resolved) | chooser | majority baseline |", "|---|---|---|---|---|---|"]
     for r in cor["rows"]:
         st = r["setting"]
@@ -350,10 +391,12 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
           f"The predictors were frozen at commit `{F.FROZEN}` (fitted.json is their fit on every committed cell, "
           "written from that code before any fresh run finished). Then one grid no predictor had seen ran, "
           "different from every committed one in three ways at once: delays of "
-          + " and ".join(str(t) for t in F.DELAYS) + " (the reports have 1, 2, 4, 8 and per-stage or random delays "
-          "of mean 0.5 to 3.5), lrs a factor sqrt 2 off the reports' factor-2 lattices ("
-          + "; ".join(f"{o} " + ", ".join(f"{x:g}" for x in v) for o, v in F.LRS.items())
-          + f") and a batch of {F.BATCH} sequences (the reports use 4, 8, 16 and 40); cpu-delays' model and length "
+          + " and ".join(str(t) for t in F.DELAYS) + " (the reports' mean delays: "
+          + ", ".join(f"{t:g}" for t in sorted({c["mean_delay"] for c in cells})) + "), lrs no committed cell of the optimizer has ("
+          + "; ".join(f"{o} " + ", ".join(f"{x:g}" for x in v) for o, v in F.LRS.items()) + "; the nearest committed: "
+          + "; ".join(_nearest_lrs(cells, o, v) for o, v in F.LRS.items())
+          + f") and a batch of {F.BATCH} sequences (the reports': "
+          + ", ".join(str(b) for b in sorted({c["batch_size"] for c in cells})) + "); cpu-delays' model and length "
           f"(the small GPT, context 64, 220 updates), sync, delayed at every delay and EF at tau 3, {F.SEEDS} seeds. "
           "Trimmed to fit about an hour of the shared 2-core host: two lrs per optimizer, EF only at tau 3, no "
           "weight prediction, one run length.", ""]
@@ -388,7 +431,12 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
           "delaylab predict score --fresh DIR          # scores it once",
           "delaylab predict gap --sync RUN_DIR --delay 2 [--correction ef] [--json]",
           "delaylab predict pilot --sync RUN_DIR --delayed RUN_DIR --steps N [--json]",
+          "delaylab llm train ... --delay 1 --predict-at 0.1 --predict-sync SYNC_PILOT --out DIR  # a pilot, then pilot",
           "```", "",
+          "A pilot is the run with its full schedule stopped early (`llm train --steps N --stop-at K`, or "
+          "`--predict-at F`); the sync pilot is the same command with `--delay 0`. Bad input (a run folder without "
+          "a val curve, a pilot longer than the run, mismatched sync and delayed configs) is one line on stderr, "
+          "exit 2.", "",
           f"`predict gap` uses {sync} fitted on all {fitted['cells']} cells and quotes its held-out score "
           f"(within x2 on {fitted['sync_only']['held_out']['within_x2']} of {fitted['sync_only']['held_out']['cells']} "
           f"cells, leave one report out); `predict pilot` uses {pilot} "
