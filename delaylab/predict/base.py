@@ -33,7 +33,12 @@ class Predictor:
     about: str = ""
 
     def view(self, cell: dict) -> dict:
-        return sync_view(cell) if self.fraction is None else pilot_view(cell, self.fraction)
+        return view(cell, self.fraction)
+
+
+def view(cell: dict, fraction: float | None) -> dict:
+    """What a predictor of that pilot ``fraction`` (None: sync-only) sees of a cell."""
+    return sync_view(cell) if fraction is None else pilot_view(cell, fraction)
 
 
 def ridge(name: str, kind: str, features: Callable[[dict], dict], names: list[str], about: str,
@@ -41,19 +46,16 @@ def ridge(name: str, kind: str, features: Callable[[dict], dict], names: list[st
     """A predictor of ``log(max(gap, FLOOR)) - offset(view)`` by :func:`delaylab.predict.regression.fit`
     on ``features(view)``; the held-in cells' reports are the groups its penalty is chosen on. Its
     interval is the 95% t band of the leave-one-report-out residuals of the held-in cells."""
-    off = offset or (lambda view: 0.0)
-
-    def view_of(cell):
-        return sync_view(cell) if fraction is None else pilot_view(cell, fraction)
+    off = offset or (lambda v: 0.0)
 
     def fit(cells):
-        views = [view_of(c) for c in cells]
+        views = [view(c, fraction) for c in cells]
         rows = [features(v) for v in views]
         target = [regression.log_gap(c["measured"]["gap"]) - off(v) for c, v in zip(cells, views)]
         return regression.fit(rows, names, target, [c["report"] for c in cells])
 
-    def predict(model, view):
-        return from_log(model.predict(features(view)) + off(view), model)
+    def predict(model, v):
+        return from_log(model.predict(features(v)) + off(v), model)
 
     return Predictor(name, kind, fit, predict, fraction, about)
 

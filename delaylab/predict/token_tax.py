@@ -19,7 +19,7 @@ import numpy as np
 
 from delaylab.predict import features as F
 from delaylab.predict import regression
-from delaylab.predict.base import SYNC, Predictor
+from delaylab.predict.base import SYNC, Predictor, from_log
 from delaylab.predict.cells import sync_view
 from delaylab.predict.law import LAW_TAU, tau_features, tau_offset
 
@@ -62,12 +62,8 @@ def token_tax() -> Predictor:
         return regression.fit([tau_features(v) for v in views], LAW_TAU, target, [c["report"] for c in cells])
 
     def predict(model, view):
-        mean = model.predict(tau_features(view)) + tau_offset(view)
-        from delaylab.stats import t_quantile
-
-        half = float(t_quantile(model.dof + 1)) * model.sigma
-        lo, hi = gap_at(view, math.exp(mean - half)), gap_at(view, math.exp(mean + half))
-        return {"gap": gap_at(view, math.exp(mean)), "interval": [lo, hi]}
+        tax = from_log(model.predict(tau_features(view)) + tau_offset(view), model)  # the tax and its band
+        return {"gap": gap_at(view, tax["gap"]), "interval": [gap_at(view, t) for t in tax["interval"]]}
 
     return Predictor("token tax", SYNC, fit, predict,
                      about="the sync curve read at T/k, the tax k-1 a law of the settings")
