@@ -207,21 +207,24 @@ def _n(x) -> str:
     return "n/a" if x is None else (f"{x:.1f}" if isinstance(x, float) and not float(x).is_integer() else f"{int(x)}")
 
 
-def score_table(scores: dict, cells: int, floor: dict | None = None, subset: str = "nqm_cells") -> list[str]:
-    """One row per predictor: the counts, median |log ratio|, rho, coverage; the 193-cell subset beside."""
-    head = ("| predictor | kind | within x2 | inside 95% | right sign | median abs log ratio | Spearman | "
-            "own interval covers | within x2 / inside / rho on the NQM score's cells |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+def score_table(scores: dict, cells: int, floor: dict | None = None, subset: str | None = "nqm_cells") -> list[str]:
+    """One row per predictor: the counts, median |log ratio|, rho, coverage; the 193-cell subset beside
+    (``subset``: its key in the scores; None: no such column)."""
+    head = "| predictor | kind | within x2 | inside 95% | right sign | median abs log ratio | Spearman | own interval covers |"
+    lines = [head + (" within x2 / inside / rho on the NQM score's cells |" if subset else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if subset else "")]
     for name, s in scores.items():
-        q = s.get(subset) or {}
         tag = f"{name}" if s["kind"] != "baseline" else f"*{name}*"
-        lines.append(f"| {tag} | {s['kind']} | {s['within_x2']} | {s['inside']} | {s['sign']} | "
-                     f"{_f(s['median_abs_log'])} | {_f(s['spearman'])} | {_n(s['covered'])} | "
-                     f"{_n(q.get('within_x2'))} / {_n(q.get('inside'))} / {_f(q.get('spearman'))} |")
+        row = (f"| {tag} | {s['kind']} | {s['within_x2']} | {s['inside']} | {s['sign']} | "
+               f"{_f(s['median_abs_log'])} | {_f(s['spearman'])} | {_n(s['covered'])} |")
+        if subset:
+            q = s.get(subset) or {}
+            row += f" {_n(q.get('within_x2'))} / {_n(q.get('inside'))} / {_f(q.get('spearman'))} |"
+        lines.append(row)
     if floor is not None:
         lines.append(f"| seed-noise floor (half the seeds) | - | {floor['within_x2']:.1f} | {floor['inside']:.1f} | "
-                     f"{floor['sign']:.1f} | {_f(floor['median_abs_log'])} | {_f(floor['spearman'])} | - | "
-                     f"{floor.get('nqm', '')} |")
+                     f"{floor['sign']:.1f} | {_f(floor['median_abs_log'])} | {_f(floor['spearman'])} | - |"
+                     + (" |" if subset else ""))
     lines.append("")
     lines.append(f"Counts of {cells} cells; a cell without a prediction counts as a miss; median abs log ratio n/a: "
                  "half the cells or more without a prediction or of the wrong sign. *Baselines* in italics.")
@@ -406,7 +409,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
         fs = fresh["summary"]
         L += [f"{fs['runs']} runs, {fs['cells']} cells (`docs/predict/fresh/runs.jsonl`); every predictor fitted on "
               "all committed cells:", ""]
-        L += score_table(fs["scores"], fs["cells"], fs["floor"], subset="-")
+        L += score_table(fs["scores"], fs["cells"], fs["floor"], subset=None)
         L += ["", "| cell | measured (95% t) | " + f"{sync} | {pilot} | per-optimizer gap/tau | pilot held, 20% |",
               "|---|---|---|---|---|---|"]
         for c in fresh["cells"]:
