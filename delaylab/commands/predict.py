@@ -23,7 +23,7 @@ def register(sub) -> None:
 
     g = ps.add_parser("gap", help="the end gap a delay would cost a finished sync run (sync-only predictor)",
                       description="Predict the final val loss gap (delayed - sync) of running the sync run in --sync "
-                                  "with --delay, from that run alone, with its 95%% interval and the held-out score "
+                                  "with --delay, from that run alone, with its 95% interval and the held-out score "
                                   "that backs it.")
     g.add_argument("--sync", required=True, metavar="RUN_DIR", help="a finished sync run of `delaylab llm train`")
     g.add_argument("--delay", default="1", help="the delay: an integer, or one per pipeline stage (3,2,1,0)")
@@ -34,7 +34,7 @@ def register(sub) -> None:
     q = ps.add_parser("pilot", help="the end gap from a sync and a delayed pilot (the first 10%% of the updates)",
                       description="Predict the end gap of an --steps update run from pilots of its sync and delayed "
                                   "runs (the same config with the full schedule, stopped early: `llm train --steps N "
-                                  "--stop-at K`), with its 95%% interval and the held-out score that backs it.")
+                                  "--stop-at K`), with its 95% interval and the held-out score that backs it.")
     q.add_argument("--sync", required=True, metavar="RUN_DIR", help="the sync pilot")
     q.add_argument("--delayed", required=True, metavar="RUN_DIR", help="the delayed pilot (same config, delay >= 1)")
     q.add_argument("--steps", required=True, type=positive_int, metavar="N", help="the updates of the full run")
