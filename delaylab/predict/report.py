@@ -12,6 +12,7 @@ t, Welch and Fieller): a reading on it is undetermined by the rule, and says onl
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -40,11 +41,17 @@ def count_interval(hits: list[int]) -> list | None:
     return None if ci is None else [ci[0] * len(hits), ci[1] * len(hits)]
 
 
-def _row(key, statement, interval=None, region=None) -> dict:
-    """One reading; ``region`` as a list (as score.json keeps it), None for a reading that claims no region."""
+DIFF_RULE = "95% t interval of the per-cell difference of hits (1, 0 or -1), times the cells"
+COUNT_RULE = "95% t interval of the per-cell hit (1 or 0), times the cells"
+
+
+def _row(key, statement, interval=None, region=None, measured=None, rule="") -> dict:
+    """One reading; ``region`` as a list (as score.json keeps it), None for a reading that claims no region;
+    ``measured`` the count it reads, ``rule`` how its interval was formed."""
     verdict = state(interval, region) if region is not None else UNDETERMINED
     return {"key": key, "statement": statement, "interval": interval,
-            "region": None if region is None else list(region), "verdict": verdict}
+            "region": None if region is None else list(region), "verdict": verdict, "measured": measured,
+            "rule": rule}
 
 
 def _iv(iv, spec="+.1f") -> str:
@@ -56,7 +63,8 @@ def _beats(key, cells, name, base, what, label, fold_text, preds_key="prediction
     d = count_difference(a, b)
     words = {"within_x2": "within x2", "inside": "inside the cell's 95% interval"}[what]
     return _row(key, f"{label}: {name} has {sum(a)} of {len(cells)} cells {words}, {base} {sum(b)} ({fold_text}); "
-                     f"the difference {d['value']:+d} cells, 95% t {_iv(d['interval'])}", d["interval"], (0, None))
+                     f"the difference {d['value']:+d} cells, 95% t {_iv(d['interval'])}", d["interval"], (0, None),
+                d["value"], DIFF_RULE)
 
 
 def _goal(key, cells, name, what, goal, label):
@@ -64,7 +72,7 @@ def _goal(key, cells, name, what, goal, label):
     iv = count_interval(hits)
     words = {"within_x2": "within x2", "inside": "inside the cell's 95% interval"}[what]
     return _row(key, f"{label}: {name} is {words} in {sum(hits)} of {len(cells)} cells, 95% t {_iv(iv)} "
-                     f"against the goal of at least {goal}", iv, (goal, None))
+                     f"against the goal of at least {goal}", iv, (goal, None), sum(hits), COUNT_RULE)
 
 
 def readings(result: dict, fresh: dict | None = None) -> list[dict]:
@@ -99,12 +107,12 @@ def readings(result: dict, fresh: dict | None = None) -> list[dict]:
         out.append(_row("corrector_goal", f"which corrector: the chooser picks the best of the measured correctors in "
                                           f"{sum(right)} of the {len(right)} settings whose best is resolved, 95% t "
                                           f"{_iv(iv)} against the goal of 80% ({0.8 * len(right):.1f})", iv,
-                        (0.8 * len(right), None)))
+                        (0.8 * len(right), None), sum(right), COUNT_RULE))
         d = count_difference(right, base)
         out.append(_row("corrector_vs_majority", f"which corrector: the chooser is right {d['value']:+d} settings more "
                                                  f"often than always picking the held-in settings' most frequent best "
                                                  f"({sum(base)} of {len(base)}), 95% t {_iv(d['interval'])}",
-                        d["interval"], (0, None)))
+                        d["interval"], (0, None), d["value"], DIFF_RULE))
     out = _headlines(result, out) + out
     if fresh is not None:
         fc = fresh["cells"]
@@ -307,6 +315,36 @@ def _reading(rows: list[dict], key: str) -> str:
     return _line(next(x for x in rows if x["key"] == key))
 
 
+def _marked(r: dict) -> str:
+    """A scored reading between the claims registry's markers (its id: :func:`claim_id`), others as text."""
+    return _line(r) if r["region"] is None else f"<!-- claim:{claim_id(r)} -->{_line(r)}<!-- /claim -->"
+
+
+def claim_id(r: dict) -> str:
+    return f"predict.{r['key']}"
+
+
+def claims(root) -> list:
+    """The scored readings of docs/predict.md as claims of the registry (:class:`delaylab.reproduce.claims.Claim`),
+    read from the committed docs/predict/score.json: one per reading that claims a region (the headlines
+    repeat theirs and are not listed again); its text is the page's sentence."""
+    from pathlib import Path
+
+    from delaylab.reproduce import verdicts as V
+    from delaylab.reproduce.claims import Claim
+
+    rows = json.loads((Path(root) / "docs/predict/score.json").read_text())["summary"]["readings"]
+    out = []
+    for r in rows:
+        if r["region"] is None or r.get("headline"):
+            continue
+        sc = V.score(r["statement"], r["interval"], tuple(r["region"]), measured=r["measured"])
+        report = "docs/predict/fresh.json" if r["key"].startswith("fresh") else "docs/predict/score.json"
+        out.append(Claim(claim_id(r), report, r["statement"], r["interval"], r["region"], r["verdict"], r["measured"],
+                         r["rule"], V.why(sc), _line(r)))
+    return out
+
+
 def _line(r: dict) -> str:
     """A reading as text: a scored one with its verdict; one that claims no region (a description, or
     a value without an interval) says so."""
@@ -345,14 +383,14 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
           "here, so no verdict rests on it:", ""]
     for x in rows:
         if not x.get("headline") and not x["key"].startswith("fresh"):
-            L.append(f"- {_line(x)}")
+            L.append(f"- {_marked(x)}")
     L.append("")
     if fresh is not None:
         L += ["Fresh cells (a grid no predictor had seen, scored once after the freeze; "
               "[below](#fresh-cells-scored-once)):", ""]
         for x in rows:
-            if x["key"].startswith("fresh"):
-                L.append(f"- {_line(x)}")
+            if x["key"].startswith("fresh") and not x.get("headline"):
+                L.append(f"- {_marked(x)}")
         L.append("")
     else:
         L += ["The fresh cells (a grid no predictor has seen) have not been scored yet.", ""]
