@@ -273,7 +273,10 @@ def register(sub) -> None:
                    help="print the resolved config, the parameters, the tokens, the estimated memory per process "
                    "and time, then exit without training (no --out needed)")
     add_json_flag(t)
-    t.set_defaults(func=cmd_train)
+    from delaylab.commands.predict import add_pilot_flags, with_pilot
+
+    add_pilot_flags(t)  # --predict-at F --predict-sync DIR: a pilot, then its predicted end gap
+    t.set_defaults(func=with_pilot(cmd_train))
 
     s = llm_sub.add_parser(
         "sweep", help="grid of runs and the delayed-minus-sync gap (gaps.json, PNG figures)",

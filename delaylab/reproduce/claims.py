@@ -341,6 +341,9 @@ def claims(root: Path | None = None) -> list[Claim]:
         rep = json.loads((root / "docs" / "reproduce" / name / "report.json").read_text())
         out += report_verdicts(name, rep) + source(name, rep)
     out += moe_cpu(root)
+    from delaylab.predict.report import claims as predict_claims  # docs/predict.md: the gap predictors' score
+
+    out += predict_claims(root)
     ids = [c.id for c in out]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
