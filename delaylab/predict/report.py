@@ -37,12 +37,18 @@ def count_difference(a: list[int], b: list[int]) -> dict:
 
 
 def count_interval(hits: list[int]) -> list | None:
-    ci = stats.t_interval(hits)
-    return None if ci is None else [ci[0] * len(hits), ci[1] * len(hits)]
+    """Clopper-Pearson's exact 95% interval of the number of hits among the cells (a t interval of 0/1
+    values collapses to a point where every cell is a hit, and under-covers near 0 or all)."""
+    from scipy.stats import binomtest
+
+    if not hits:
+        return None
+    ci = binomtest(sum(hits), len(hits)).proportion_ci(confidence_level=0.95, method="exact")
+    return [ci.low * len(hits), ci.high * len(hits)]
 
 
 DIFF_RULE = "95% t interval of the per-cell difference of hits (1, 0 or -1), times the cells"
-COUNT_RULE = "95% t interval of the per-cell hit (1 or 0), times the cells"
+COUNT_RULE = "Clopper-Pearson's exact 95% interval of the number of hits"
 
 
 def _row(key, statement, interval=None, region=None, measured=None, rule="") -> dict:
@@ -71,7 +77,7 @@ def _goal(key, cells, name, what, goal, label):
     hits = _hits(cells, name, what)
     iv = count_interval(hits)
     words = {"within_x2": "within x2", "inside": "inside the cell's 95% interval"}[what]
-    return _row(key, f"{label}: {name} is {words} in {sum(hits)} of {len(cells)} cells, 95% t {_iv(iv)} "
+    return _row(key, f"{label}: {name} is {words} in {sum(hits)} of {len(cells)} cells, exact 95% {_iv(iv)} "
                      f"against the goal of at least {goal}", iv, (goal, None), sum(hits), COUNT_RULE)
 
 
@@ -105,7 +111,7 @@ def readings(result: dict, fresh: dict | None = None) -> list[dict]:
         base = [int(r["baseline"] == r["best"]) for r in cor["rows"] if r["resolved"]]
         iv = count_interval(right)
         out.append(_row("corrector_goal", f"which corrector: the chooser picks the best of the measured correctors in "
-                                          f"{sum(right)} of the {len(right)} settings whose best is resolved, 95% t "
+                                          f"{sum(right)} of the {len(right)} settings whose best is resolved, exact 95% "
                                           f"{_iv(iv)} against the goal of 80% ({0.8 * len(right):.1f})", iv,
                         (0.8 * len(right), None), sum(right), COUNT_RULE))
         d = count_difference(right, base)
