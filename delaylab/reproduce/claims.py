@@ -185,8 +185,9 @@ def cpu_tokens_2(name: str, rep: dict) -> list[Claim]:
                        for k, v in sep["lr_states"].items())
         out.append(make(
             f"{name}.{sep['size']}.{sep['name'].replace(': ', '-').replace(' ', '-')}", f"docs/reproduce/{name}",
-            f"on the {params[sep['size']] / 1e6:.3f}M GPT, {sep['what']} {sep['claim']} the "
-            + ("gap's closing" if sep["quantity"] == "closing" else "gap"), sep["delta"], sep["ci"], sep["region"],
+            f"on the {params[sep['size']] / 1e6:.3f}M GPT, {sep['what']}: the "
+            + ("gap's closing" if sep["quantity"] == "closing" else "gap") + f" {sep['claim']}", sep["delta"],
+            sep["ci"], sep["region"],
             n=sep["n"], lr_dependent=len(sep["lr_states"]) > 1,
             rule="paired t over the seeds both points share, held to every pair of lrs the data cannot tell from "
                  "each point's optima", detail=f"{sep['from']} -> {sep['to']} at the tuned lrs; {lr}",
