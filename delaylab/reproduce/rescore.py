@@ -11,7 +11,10 @@ Two verdicts need more than a stored score and are recomputed from what the repo
   EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
   to the stored one, so a changed toy code cannot pass silently).
 
-The delay axis's setup line is rewritten from the preset. The part summaries and the theory column follow by the one aggregation rule. ``changes`` lists
+The delay axis's setup line is rewritten from the preset. The part summaries and the theory column follow by the one aggregation rule;
+the intervals' coverage at the report's skew, the multiplicity line and the held-out tuned numbers
+(:mod:`~delaylab.reproduce.selection`) are recomputed
+(:func:`coverage.report_intervals`, :func:`coverage.multiplicity`). ``changes`` lists
 every scored verdict whose state moved, before -> after.
 """
 
@@ -22,6 +25,7 @@ import json
 import math
 from pathlib import Path
 
+from delaylab.reproduce import coverage, selection
 from delaylab.reproduce import findings as F
 from delaylab.reproduce import ledger
 from delaylab.reproduce import plan as P
@@ -92,6 +96,8 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
             from delaylab.reproduce.delays import setup_text
 
             part["setup"] = setup_text(p)
+        if selection.selection(book, part["key"]) is not None:
+            part["selection"] = selection.selection(book, part["key"])
         part.update(V.part_states(part["verdicts"], part.get("theory_numbers", [])))
         after = _scored(part)
         for claim in list(before) + [c for c in after if c not in before]:
@@ -106,6 +112,8 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
         row.update(measured=part["headline"], **{k: part.get(k, "") for k in
                                                  ("reproduced", "reproduced_counts", "theory_agrees", "theory_counts")})
     rep["theory_column"] = [{"id": part["id"], **n} for part in rep["parts"] for n in part.get("theory_numbers", [])]
+    rep["intervals"] = coverage.report_intervals(lines)
+    rep["multiplicity"] = coverage.multiplicity(rep["parts"], rep["intervals"])
     return rep, changes
 
 
