@@ -117,7 +117,7 @@ def held_out_gaps(sync: np.ndarray, other: np.ndarray, base: np.ndarray, tune_ot
     diverged); ``base``: the seeds (bool, last axis) the lrs are chosen on; a seed outside it is
     held out by construction. ``tune_other``: ``other`` at its own best lr (else at sync's).
     Returns ``(in_sample, held_out, in_lrs, held_lrs)``: the values ``(..., seeds)`` (NaN where a
-    seed has no run there, inf where one diverged) and the lr indices ``(..., 2)`` and
+    seed has no run there, or, held out, no other base seed to choose on; inf where one diverged) and the lr indices ``(..., 2)`` and
     ``(..., seeds, 2)`` (sync's, other's)."""
     s, o = np.asarray(sync, float), np.asarray(other, float)
     base = np.asarray(base, bool)
@@ -131,7 +131,7 @@ def held_out_gaps(sync: np.ndarray, other: np.ndarray, base: np.ndarray, tune_ot
 
     with np.errstate(invalid="ignore"):
         inside = at(o, np.repeat(lo[..., None], n, -1)) - at(s, np.repeat(ls[..., None], n, -1))
-        held = at(o, lo_j) - at(s, ls_j)
+        held = np.where(drop.any(-1), at(o, lo_j) - at(s, ls_j), np.nan)  # no other seed to choose on: none
     return inside, held, np.stack([ls, lo], -1), np.stack([ls_j, lo_j], -1)
 
 
