@@ -5,8 +5,8 @@ whose true value is known, at n = 3..10 seeds and at the skewness the committed 
 show (:func:`measured`). Draws are standardized Gamma laws, reflected for a negative skew, normal at
 0 (:func:`draw`). The measured skew is not the raw sample skewness g1: at 4-10 seeds g1 is biased
 toward 0 (its size cannot exceed (n-2)/sqrt(n-1)), so :func:`skewness` inverts g1's simulated
-moments at each cell's n instead. ``python -m delaylab.reproduce.coverage --out DIR`` writes
-``DIR/coverage.json`` and ``DIR/coverage.md`` (the table of docs/intervals.md).
+moments at each cell's n instead. ``python -m delaylab.reproduce.coverage --out DIR [--page docs/intervals.md]``
+writes ``DIR/coverage.json`` and ``DIR/coverage.md`` (and the table into the page).
 """
 
 from __future__ import annotations
@@ -461,7 +461,8 @@ def holds(rows: list[dict]) -> dict:
 
 def _pct(c: dict) -> str:
     text = f"{100 * c['coverage']:.1f} ± {100 * c['se']:.1f}"
-    return text if c.get("bounded", 1.0) > 0.995 else text + f" ({100 * c['bounded']:.0f}% bounded)"
+    bounded = c.get("bounded", 1.0)
+    return text if bounded == 1.0 else text + f" ({math.floor(100 * bounded)}% bounded)"
 
 
 def markdown(result: dict) -> str:
@@ -496,6 +497,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+PAGE_MARKERS = ("<!-- coverage table: python -m delaylab.reproduce.coverage --out docs/intervals "
+                "--page docs/intervals.md -->", "<!-- end of coverage table -->")
+
+
+def write_page(page: Path, result: dict) -> None:
+    """Put :func:`markdown` of ``result`` between the page's two :data:`PAGE_MARKERS`."""
+    text = page.read_text()
+    start, end = PAGE_MARKERS
+    if start not in text or end not in text:
+        raise ValueError(f"{page} has no coverage-table markers")
+    head, rest = text.split(start, 1)
+    page.write_text(head + start + "\n" + markdown(result) + end + rest.split(end, 1)[1])
+
+
 def main(argv=None) -> int:
     from delaylab._io import write_json
 
@@ -509,6 +524,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps-scale", type=float, default=1.0,
                     help="scale every method's Monte-Carlo draws (default 1: 20000, 1000 for the lr shift)")
     ap.add_argument("--seed", type=int, default=0, help="the simulation's seed (default 0)")
+    ap.add_argument("--page", metavar="FILE",
+                    help="also write the table into FILE between its coverage-table markers (docs/intervals.md)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = ap.parse_args(argv)
     root = Path(args.reports)
@@ -526,6 +543,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "coverage.json", result)
     (out / "coverage.md").write_text(markdown(result))
+    if args.page:
+        write_page(Path(args.page), result)
     print(json.dumps(result) if args.json else markdown(result))
     return 0
 
