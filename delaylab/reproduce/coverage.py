@@ -79,8 +79,8 @@ def _invert(target: float, curve: np.ndarray) -> tuple[float, bool]:
 
 def skewness(cells, confidence: float = 0.95) -> dict | None:
     """The skewness behind cells of per-seed values, each given as ``(n, g1)`` (n >= 4 used: at 3 seeds
-    g1 hardly moves with the skew), if
-    every cell's values came from one Gamma law of skew gamma (up to sign):
+    g1 hardly moves with the skew), if every cell's values came from one Gamma law of skew gamma
+    (up to sign):
 
     - ``size``: the gamma whose E[g1^2] at each cell's n, averaged over the cells, equals their mean
       g1^2 (0 where that is below the normal law's): the size of the skew, whatever its sign;
@@ -88,7 +88,7 @@ def skewness(cells, confidence: float = 0.95) -> dict | None:
       the cells taken as independent: a guide, cells may share runs) above the observed mean g1^2;
     - ``signed``: the gamma whose average E[g1] equals the cells' mean g1 (one common sign).
 
-    ``raw_mean``: the mean g1 itself, which at n = 5 reads a skew of 1 as about 0.6."""
+    ``raw_mean``: the mean g1 itself, which at n = 5 reads a skew of 1 as about 0.4."""
     from scipy.stats import norm
 
     cells = [(int(n), float(g)) for n, g in cells if n >= 4 and g is not None and math.isfinite(g)]
