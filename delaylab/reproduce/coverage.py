@@ -333,7 +333,7 @@ def _span(cells: dict) -> str:
 
 # the methods a report's paragraph gives its coverage for: (key, name, function, keyword arguments)
 REPORT_METHODS = (("t", "Student-t", t_mean, {}), ("fieller", "Fieller", fieller, {}),
-                  ("tuned", "Student-t of a gap tuned on its own seeds", tuned, {"held": False}))
+                  ("tuned", "Student-t of a gap tuned on its own seeds (two best lrs tied)", tuned, {"held": False}))
 
 
 def report_intervals(lines: list[dict], reps: int = 10000, seed: int = 0) -> dict:
