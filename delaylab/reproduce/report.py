@@ -160,8 +160,9 @@ def build(L: Ledger, draw: Path | None = None) -> dict:
     for key, part in parts.items():
         part["figure"] = figs.get(key)
         part["commands"] = cmds.get(key, [])
-        if selection.selection(L, part["key"]) is not None:
-            part["selection"] = selection.selection(L, part["key"])
+        held = selection.selection(L, part["key"])
+        if held is not None:
+            part["selection"] = held
     summary = [{"id": part["id"], "finding": part["title"], "paper": part["paper"], "measured": part["headline"],
                 "reproduced": part["reproduced"], "reproduced_counts": part.get("reproduced_counts", ""),
                 "theory_agrees": part["theory_agrees"], "theory_counts": part.get("theory_counts", "")}
@@ -171,6 +172,7 @@ def build(L: Ledger, draw: Path | None = None) -> dict:
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
             "summary": summary, "intervals": intervals,
-            "multiplicity": coverage.multiplicity(list(parts.values()), intervals), "theory_column": theory, "parts": list(parts.values()), "sessions": sessions or [],
+            "multiplicity": coverage.multiplicity(list(parts.values()), intervals), "theory_column": theory,
+            "parts": list(parts.values()), "sessions": sessions or [],
             "session": (sessions or [{}])[-1], "runs_file": RUNS, "ns_dtypes": L.ns_dtypes(),
             "decisions": L.decisions()}

@@ -12,9 +12,8 @@ Two verdicts need more than a stored score and are recomputed from what the repo
   to the stored one, so a changed toy code cannot pass silently).
 
 The delay axis's setup line is rewritten from the preset. The part summaries and the theory column follow by the one aggregation rule;
-the intervals' coverage at the report's skew, the multiplicity line and the held-out tuned numbers
-(:mod:`~delaylab.reproduce.selection`) are recomputed
-(:func:`coverage.report_intervals`, :func:`coverage.multiplicity`). ``changes`` lists
+the intervals' coverage at the report's skew and the multiplicity line (:mod:`~delaylab.reproduce.coverage`)
+and the held-out tuned numbers (:mod:`~delaylab.reproduce.selection`) are recomputed. ``changes`` lists
 every scored verdict whose state moved, before -> after.
 """
 
@@ -96,8 +95,9 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
             from delaylab.reproduce.delays import setup_text
 
             part["setup"] = setup_text(p)
-        if selection.selection(book, part["key"]) is not None:
-            part["selection"] = selection.selection(book, part["key"])
+        held = selection.selection(book, part["key"])
+        if held is not None:
+            part["selection"] = held
         part.update(V.part_states(part["verdicts"], part.get("theory_numbers", [])))
         after = _scored(part)
         for claim in list(before) + [c for c in after if c not in before]:
