@@ -7,8 +7,9 @@ PY      = $(VENV)/bin/python
 # torch would pull a multi-GB CUDA build. A machine that already has torch keeps it.
 TORCH  ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
+NOTEBOOK_OUT ?= runs/notebook
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench notebook lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +28,25 @@ demo: install
 # the 25 slowest tests are listed at the end (where the time goes).
 test: install
 	MPLBACKEND=Agg OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=25
+
+# docs/notebooks/check_assumptions.ipynb top to bottom without a browser (nbclient's jupyter-execute);
+# the executed copy, outputs and figures included, goes to $(NOTEBOOK_OUT), never over the tracked notebook.
+$(VENV)/.notebook: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[notebook]"
+	touch $@
+
+notebook: $(VENV)/.notebook
+	mkdir -p $(NOTEBOOK_OUT)
+	cd docs/notebooks && OMP_NUM_THREADS=1 $(abspath $(VENV))/bin/jupyter-execute --timeout=600 \
+		--output=$(abspath $(NOTEBOOK_OUT))/check_assumptions check_assumptions.ipynb
+	@echo "executed notebook: $(NOTEBOOK_OUT)/check_assumptions.ipynb"
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+lint: $(VENV)/.dev
+	$(PY) -m ruff check .
 
 bench: install
 	MPLBACKEND=Agg $(PY) -m pytest -q -m slow

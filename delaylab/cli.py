@@ -1,4 +1,4 @@
-"""`delaylab theory|toy|llm|reproduce|demo ...`: the command line.
+"""`delaylab theory|toy|llm|reproduce|predict|demo ...`: the command line.
 
 Each area registers its subcommands from ``delaylab.commands.<area>``. Library code reports
 bad input and failed runs as a :class:`delaylab.errors.DelaylabError`; here, and only here, that
@@ -13,7 +13,7 @@ import os
 import sys
 
 from delaylab import __version__
-from delaylab.commands import demo, llm, reproduce, theory, toy
+from delaylab.commands import demo, llm, predict, reproduce, theory, toy
 from delaylab.commands._common import OneLineParser
 from delaylab.errors import DelaylabError
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"delaylab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for area in (theory, toy, llm, reproduce, demo):
+    for area in (theory, toy, llm, reproduce, predict, demo):
         area.register(sub)
     return parser
 

@@ -10,7 +10,8 @@ One :class:`RunFolder` per run owns the files around the work itself:
   it arrives, so an interrupted run keeps what it measured; on resume truncated to the bytes the
   checkpoint had logged, so a resumed run's file equals an uninterrupted one's) and
   ``summary.json`` (:meth:`~RunFolder.finish`);
-* the optional TensorBoard / W&B mirror of the metrics lines and the progress bar.
+* the optional TensorBoard / W&B mirror of the metrics lines and the progress
+  (:class:`delaylab._progress.Progress`: a bar on a terminal, lines every few seconds elsewhere).
 
 What a run is (an llm config, the arguments of a toy check) is the caller's: the folder takes
 the config as a JSON-ready dict. :class:`delaylab.llm.run.folder.TrainFolder` adds what only an
@@ -86,8 +87,9 @@ class RunFolder:
     def open(self, loop_state: dict | None = None, *, total: int | None = None, initial: int = 0, desc: str = "",
              unit: str = "step", progress: bool | None = None, leave: bool = True, log: str = "none") -> None:
         """Write config.json, start (or, with a checkpoint's ``loop_state``, continue) metrics.jsonl,
-        open the ``log`` mirror and the bar (``total`` units, ``progress`` None: only on a TTY)."""
-        from tqdm.auto import tqdm
+        open the ``log`` mirror and the progress (``total`` units; ``progress`` None: a bar on a
+        terminal, lines elsewhere; False: none)."""
+        from delaylab._progress import Progress
 
         if log not in LOGGERS:
             raise ConfigError(f"unknown logger {log!r}; expected one of {', '.join(LOGGERS)}")
@@ -104,11 +106,10 @@ class RunFolder:
             except OSError as err:
                 raise WriteFailed(cannot_write(self.out, err)) from None
             self._sinks = _open_sinks(log, self.out, self.config)
-        self._bar = tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, desc=desc, leave=leave,
-                         disable=None if progress is None else not progress)
+        self._bar = Progress(desc, total or 0, progress, unit, initial=initial, leave=leave)
 
     def close(self) -> None:
-        """Close the bar, metrics.jsonl and the mirrors (again: nothing happens)."""
+        """Close the progress, metrics.jsonl and the mirrors (again: nothing happens)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -121,25 +122,25 @@ class RunFolder:
 
     # -- during the run -----------------------------------------------------------------------
     def log(self, rec: dict) -> None:
-        """One metrics.jsonl line (flushed), mirrored to the logger; the bar shows :meth:`postfix`."""
+        """One metrics.jsonl line (flushed), mirrored to the logger; the progress shows :meth:`postfix`."""
         if self._metrics is not None:
             self._metrics.write((dumps(rec) + "\n").encode())
             self._metrics.flush()
             self.state["metrics_bytes"] = self._metrics.tell()
             for sink in self._sinks:
                 sink.log(rec)
-        if self._bar is not None and not self._bar.disable:
+        if self._bar is not None:
             postfix = self.postfix(rec)
             if postfix:
-                self._bar.set_postfix(**postfix)
+                self._bar.set_status(**postfix)
 
     def postfix(self, rec: dict) -> dict:
-        """What the bar shows of a metrics line (nothing here; subclasses choose)."""
+        """What the progress shows of a metrics line (nothing here; subclasses choose)."""
         return {}
 
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
-            self._bar.update(n)
+            self._bar.advance(n)
 
     def loop_state(self) -> dict:
         """A copy of :attr:`state`, for a checkpoint."""

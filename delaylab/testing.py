@@ -19,6 +19,7 @@ from delaylab.errors import ConfigError
 from delaylab.toy.profile import profile
 from delaylab.toy.runs import OptimizerFactory
 
+
 class DelayFragile(AssertionError):
     """What :func:`assert_delay_robust` raises: the message is the table, ``.profile`` the result."""
 
@@ -61,6 +62,7 @@ def assert_delay_robust(
     go to :func:`~delaylab.toy.profile.profile`. Raises :class:`DelayFragile` (an
     AssertionError) with the table of every check, failures marked FAIL.
     """
+    __tracebackhide__ = True  # pytest: the failing test's line, then the table, not this function's source
     bad_at = [a for a in at if a not in CHECKS]
     if bad_at or not at:
         raise ConfigError(f"at must name checks among {', '.join(CHECKS)}, got {list(at)}")

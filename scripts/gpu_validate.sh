@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The prepared device run (issues 25, 39), on a GPU machine with a CUDA torch: no venv, no network.
+# The prepared device run, on a GPU machine with a CUDA torch: no venv, no network.
 #
-#   bash scripts/gpu_validate.sh OUT                                 every phase (one H200: about 9 min)
+#   python3 scripts/gpu_validate.py --plan                           the one device call and its time budget
+#   bash scripts/gpu_validate.sh OUT                                 the call's phases, in its order
 #   bash scripts/gpu_validate.sh --phases smoke,resume --budget 200 OUT   chosen phases within 200 s
 #   DRY=1 bash scripts/gpu_validate.sh OUT                           the same plan on the CPU at tiny (CI)
-#   python3 scripts/gpu_validate.py --plan                           phases, time limits, estimates
 #
 # OUT receives record.json and record.md only; run folders and logs live in a temporary folder.
 # The whole run is under `timeout` (the budget + 30 s, else TIMEOUT, default 900 s): SIGTERM at the
 # end, SIGKILL 10 s later; a phase dies with its driver either way. PY chooses the interpreter
 # (default python3); PIP=1 tries `pip install` of missing packages first; KEEP=1 keeps the
-# temporary folder. The phases are in scripts/gpu_validate.py.
+# temporary folder. The phases are in scripts/gpu_validate.py; docs/gpu/README.md has the call.
 set -euo pipefail
 usage="usage: [DRY=1] bash scripts/gpu_validate.sh [--phases a,b,...] [--budget SECONDS] OUT"
 args=() budget="" out=""

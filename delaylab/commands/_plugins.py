@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 
 from delaylab.errors import ConfigError
 
@@ -29,6 +31,7 @@ def load_optimizer(spec: str, kwargs: dict | None = None):
     if not sep or not module or not attr:
         raise ConfigError(f"--optimizer must be package.module:factory or one of {', '.join(METHODS)}; "
                           f"got {spec!r}")
+    _importable_from_cwd()
     try:
         obj = importlib.import_module(module)
     except Exception as err:  # ImportError, or an error raised by the module itself
@@ -46,3 +49,11 @@ def load_optimizer(spec: str, kwargs: dict | None = None):
         if getattr(obj, "declared", None) is not None:
             factory.declared = obj.declared
     return factory
+
+
+def _importable_from_cwd() -> None:
+    """Put the working directory first on sys.path, as ``python -m`` does: the ``delaylab`` script's
+    sys.path starts at its own bin folder, so ``mymod:make`` in the current folder would not import."""
+    cwd = os.getcwd()
+    if not any(p in ("", cwd) or (p and os.path.abspath(p) == cwd) for p in sys.path):
+        sys.path.insert(0, cwd)

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from delaylab.commands import pipeline
-from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, csv_list, emit
+from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, csv_list, emit, finished_already
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE
 
@@ -27,22 +27,34 @@ def cmd_train(args) -> int:
     from delaylab.llm.distributed.launch import as_rank
     from delaylab.llm.distributed.world import under_launcher
     from delaylab.llm.run.folder import require_folder
-    from delaylab.llm.run.setup import resolve
+    from delaylab.llm.run.setup import claim_folder, load_data, resolve
     from delaylab.llm.run.trainer import train, train_replicas
 
     if args.resume:
         reject_changes_on_resume(args, args.resume)
         folder, cfg = Path(args.resume), config_from_args(args, require_folder(args.resume))
-    elif args.out:
-        folder, cfg = Path(args.out), config_from_args(args)
+    elif args.out or args.dry_run:
+        folder, cfg = (Path(args.out) if args.out else None), config_from_args(args)
     else:
         raise UsageError("give --out DIR (or --resume DIR)")
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
+    if args.dry_run:  # planned here, maybe for GPUs this host does not have
+        from delaylab.llm.estimate import estimate, planned, render
+
+        emit(estimate(planned(cfg)), args.json, render)
+        return 0
     cfg = resolve(cfg, "simulator")
+    if args.resume and finished_already(cfg, folder, args.json, _render_summary,
+                                        report=int(os.environ.get("RANK", "0")) == 0):
+        return 0
     if cfg.parallel.dp > 1 and not under_launcher():  # start the D replicas ourselves
         summary = train_replicas(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at)
-    else:  # one process, or this replica under torchrun (they all see the same loss: a NaN stops each)
+    elif not under_launcher():  # one process: the config and data checked, config.json written, then the run
+        data = load_data(cfg)
+        claim_folder(cfg, folder, bool(args.resume), stages=1)
+        summary = train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at, dataset=data)
+    else:  # this replica under torchrun (they all see the same loss: a NaN stops each)
         summary = as_rank(lambda: train(cfg, folder, resume=bool(args.resume), stop_at=args.stop_at),
                           stages=1, dp=cfg.parallel.dp, passes=(Diverged, Preempted))
         if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, replica 0 reports
@@ -257,8 +269,14 @@ def register(sub) -> None:
     t.add_argument("--out", metavar="DIR", help="run folder (must not hold a run already)")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR bit-exactly")
     t.add_argument("--stop-at", type=int, metavar="K", help="stop after update K with a checkpoint")
+    t.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config, the parameters, the tokens, the estimated memory per process "
+                   "and time, then exit without training (no --out needed)")
     add_json_flag(t)
-    t.set_defaults(func=cmd_train)
+    from delaylab.commands.predict import add_pilot_flags, with_pilot
+
+    add_pilot_flags(t)  # --predict-at F --predict-sync DIR: a pilot, then its predicted end gap
+    t.set_defaults(func=with_pilot(cmd_train))
 
     s = llm_sub.add_parser(
         "sweep", help="grid of runs and the delayed-minus-sync gap (gaps.json, PNG figures)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, emit
+from delaylab.commands._common import EXIT_CODES, UsageError, add_json_flag, emit, finished_already
 from delaylab.commands._config_flags import add_config_flags, config_from_args, reject_changes_on_resume
 
 
@@ -38,6 +38,12 @@ def _show_schedule(cfg) -> int:
     return 0
 
 
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
 def cmd_pipeline(args) -> int:
     from delaylab.errors import Preempted
     from delaylab.llm.distributed.launch import as_rank
@@ -58,6 +64,9 @@ def cmd_pipeline(args) -> int:
         raise UsageError("give --out DIR (or --resume DIR)")
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError(f"--stop-at must be >= 1, got {args.stop_at}")
+    if args.resume and finished_already(cfg, folder, args.json, _render,  # under torchrun: the writer rank says so
+                                        report=not under_launcher() or _rank() == cfg.parallel.stages - 1):
+        return 0
     if under_launcher():
         P, D = cfg.parallel.stages, cfg.parallel.dp
         check_world(P, D)  # P x D ranks, or one line and exit 2

@@ -28,7 +28,14 @@ def register(sub) -> None:
                         "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-tokens-2: the same axis with tokens, "
                         "updates and the lr's decay moved one at a time; cpu-delays: the delay axis; each within 90 "
                         "min on 2 CPU cores; ci, ci-delays, ci-tokens: seconds)")
-    p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
+    p.add_argument("action", nargs="?", choices=["claims"],
+                   help="claims: list every reading of data that README.md and docs/ state, with its interval, "
+                        "claimed region and verdict (from the committed reports; --render rewrites the pages' "
+                        "rendered readings, --check fails where a page differs from its rendering)")
+    p.add_argument("--out", metavar="DIR", help="report folder (rerun to resume); required unless 'claims'")
+    p.add_argument("--render", action="store_true", help="with 'claims': rewrite every page's rendered readings")
+    p.add_argument("--check", action="store_true",
+                   help="with 'claims': exit 1 where a page differs from its rendering (nothing is written)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--rescore", action="store_true",
                    help="re-score the report already in --out (report.json, runs.jsonl) under this version's verdict "
@@ -59,12 +66,40 @@ def _render_changes(result: dict) -> str:
                       *changes_table(result["changes"])])
 
 
+def _render_claims(result: dict) -> str:
+    lines = [f"{len(result['claims'])} claims: " + ", ".join(f"{v} {k}" for k, v in result["counts"].items())]
+    for c in result["claims"]:
+        lines.append(f"[{c['verdict']}] {c['id']}: {c['text']}")
+    if result.get("pages"):
+        lines += ["", "pages " + ("rewritten" if result["rendered"] else "that differ from their rendering") + ": "
+                  + ", ".join(result["pages"])]
+    return "\n".join(lines)
+
+
+def cmd_claims(args) -> int:
+    from delaylab.reproduce import claims as C
+
+    root = C.repository_root()
+    found = C.claims(root)
+    changed = C.render_pages(root, found, write=args.render) if (args.render or args.check) else []
+    counts = {v: sum(c.verdict == v for c in found) for v in C.WORD}
+    emit({"claims": [c.json() for c in found], "counts": counts, "pages": changed, "rendered": args.render},
+         args.json, _render_claims)
+    return 1 if args.check and changed else 0
+
+
 def cmd_reproduce(args) -> int:
     from pathlib import Path
 
     from delaylab.errors import ConfigError
     from delaylab.reproduce import get_preset, reproduce
 
+    if args.action == "claims":
+        return cmd_claims(args)
+    if args.render or args.check:
+        raise ConfigError("--render and --check go with 'delaylab reproduce claims'")
+    if not args.out:
+        raise ConfigError("delaylab reproduce: --out DIR is required (or 'delaylab reproduce claims')")
     if args.rescore:
         from delaylab.reproduce.rescore import rescore_folder
 

@@ -1,4 +1,4 @@
-"""`delaylab theory bound|tune|penalty|stability|axis|pep`: the bounds of delaylab.theory from the shell.
+"""`delaylab theory bound|tune|penalty|stability|axis|pep|nqm|check|estimators`: delaylab.theory from the shell.
 
 Values are validated by the library (ValueError -> one-line error, exit 2), so the rules
 live in one place (delaylab/theory/bound.py).
@@ -350,6 +350,32 @@ def _plot_nqm(r):
     return fig
 
 
+def cmd_check(args) -> int:
+    import sys
+
+    from delaylab._io import figure_path
+    from delaylab.llm.bound_check import measure, plot, render
+
+    if args.figure:
+        figure_path(args.figure)  # a bad figure path fails before the replay
+    say = None if args.quiet else (lambda line: print(f"theory check: {line}", file=sys.stderr, flush=True))
+    r = measure(args.run, every=args.every, probe_every=args.probe_every, held=args.held, samples=args.samples,
+                iters=args.iters, seed=args.seed, progress=say)
+    if args.figure:
+        plot(r, args.figure)
+        r["figure"] = args.figure
+    emit(r, args.json, render)
+    return 0
+
+
+def cmd_estimators(args) -> int:
+    from delaylab.toy.estimators import constant_rows, constants_markdown, markdown, rows
+
+    result = {"rows": rows(seed=args.seed), "constants": constant_rows(seed=args.seed)}
+    emit(result, args.json, lambda d: markdown(d["rows"]) + "\n" + constants_markdown(d["constants"]).rstrip())
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("theory", help="convergence bounds, tuning, delay penalty, linear stability",
                        description="Bounds for momentum-LMO (Muon) and SGDM under a gradient delay; "
@@ -425,6 +451,38 @@ def register(sub) -> None:
     n.add_argument("--plot", metavar="PNG", help="also plot the curves and the gap")
     add_json_flag(n)
     n.set_defaults(func=cmd_nqm)
+
+    k = tsub.add_parser(
+        "check", help="replay an `llm train` run, measure the constants on it, and check its optimizer's bound",
+        description="Replays the run in RUN_DIR from its config (checked against every checkpoint on disk) and "
+        "measures, along it, on held-out batches: the gradient norm in the bound's norm, L both ways (secants "
+        "between measured updates; Hessian-vector power iteration at the probes), sigma (fresh training batches), "
+        "Delta, G0 and the step norms. Then evaluates the bound of the run's own optimizer (Theorem 1 for lmo, muon "
+        "and lion, Theorem 4 for sgd; none covers adamw) at each estimate of L and prints one verdict: holds, "
+        "violated, or cannot be evaluated, and why. See docs/assumptions.md.")
+    k.add_argument("run", metavar="RUN_DIR", help="an `llm train` run folder with checkpoints (--ckpt-every N)")
+    k.add_argument("--every", type=positive_int, default=1, help="measure the gradient every N-th update (default 1)")
+    k.add_argument("--probe-every", type=nonneg_int, default=0,
+                   help="curvature and sigma also every N-th update (default 0: at update 0, the checkpoints "
+                   "and the end only)")
+    k.add_argument("--held", type=positive_int, default=2, help="held-out batches that define f (default 2)")
+    k.add_argument("--samples", type=positive_int, default=8,
+                   help="stochastic gradients per probe for sigma, each on a fresh training batch (default 8)")
+    k.add_argument("--iters", type=positive_int, default=20,
+                   help="Hessian-vector products per probe, at most (default 20)")
+    k.add_argument("--seed", type=nonneg_int, default=0, help="the power iteration's start (default 0)")
+    k.add_argument("--figure", metavar="PNG", help="also plot the measured norms against the bound, and L")
+    k.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_json_flag(k)
+    k.set_defaults(func=cmd_check)
+
+    m = tsub.add_parser(
+        "estimators", help="the estimators against the toy problems' exact constants (markdown tables)",
+        description="Both estimates of L (secant, curvature) on the toy problems whose L is known, in each norm, "
+        "then sigma, Delta and G0 against their truth: the tables of docs/assumptions.md.")
+    m.add_argument("--seed", type=nonneg_int, default=0, help="the perturbations' and power iteration's seed")
+    add_json_flag(m)
+    m.set_defaults(func=cmd_estimators)
 
     e = tsub.add_parser(
         "pep", help="exact worst case by performance estimation (PEPit) against our bound",

@@ -154,7 +154,8 @@ class RunConfig:
                                  "a stop (stop_at) always writes one")
     device: str = _f("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...")
     threads: int | None = _f(None, "torch CPU threads (per rank on a pipeline; default 1 there)", range="[1, inf)")
-    progress: bool | None = _f(None, "progress bar (default: only on a terminal)")
+    progress: bool | None = _f(None, "progress: a bar on a terminal, else a line every DELAYLAB_PROGRESS_INTERVAL s "
+                                     "(20); false: none")
     log: str = _f("none", "also log metrics to tensorboard or wandb (offline unless WANDB_MODE says otherwise)",
                   choices=LOGGERS)
     compile: bool = _f(False, "torch.compile each transformer block (one compiled graph, reused by every block: "

@@ -33,18 +33,36 @@ def _axes(ax):
 
 
 def loss_curves(curves: dict, title: str = "", ax=None):
-    """``curves[mode] = (steps, train_loss)`` (mean over seeds) for one optimizer."""
+    """``curves[mode] = (steps, train_loss)`` or ``(steps, train_loss, seeds)`` (the mean over that many
+    seeds, said in the legend) for one optimizer: every update from 0 on the axes, and the last half
+    magnified in an inset (upper right, where falling curves leave the axes empty); the legend below."""
     fig, ax = _axes(ax)
-    for mode, (steps, loss) in curves.items():
-        ax.plot(steps, loss, label=mode, lw=1.3, **MODE_STYLE.get(mode, {}))
+    drawn = []
+    for mode, curve in curves.items():
+        steps, loss = curve[0], curve[1]
+        seeds = curve[2] if len(curve) > 2 else None
+        label = mode if seeds is None else f"{mode} ({seeds} seed{'s' if seeds != 1 else ''})"
+        ax.plot(steps, loss, label=label, lw=1.3, **MODE_STYLE.get(mode, {}))
+        drawn.append((steps, loss, MODE_STYLE.get(mode, {})))
     ax.set_xlabel("update")
-    ax.set_ylabel("train loss")
-    ax.set_title(title)
-    if curves:
-        lo = min(min(v) for _, v in curves.values())
-        last = max(v[len(v) // 10] for _, v in curves.values() if v)
-        ax.set_ylim(lo - 0.05, max(last, lo + 0.2))  # the informative part, not the first steps
-        ax.legend(frameon=False)
+    ax.set_ylabel("train loss (mean over seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(left=0)
+    if drawn:
+        end = max(s[-1] for s, _, _ in drawn if s)
+        inset = ax.inset_axes([0.5, 0.4, 0.47, 0.45])
+        tail = []
+        for steps, loss, style in drawn:
+            pts = [(x, y) for x, y in zip(steps, loss) if x >= end / 2]
+            inset.plot([x for x, _ in pts], [y for _, y in pts], lw=1.1, **style)
+            tail += [y for _, y in pts]
+        if tail:
+            pad = 0.05 * (max(tail) - min(tail) or 1.0)
+            inset.set_ylim(min(tail) - pad, max(tail) + pad)
+        inset.set_title(f"updates {end // 2}-{end}", fontsize=7)
+        inset.tick_params(labelsize=6)
+        inset.grid(alpha=0.3)
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)  # off the data
     ax.grid(alpha=0.3)
     return fig
 

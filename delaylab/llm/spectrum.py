@@ -25,11 +25,13 @@ import numpy as np
 import torch
 
 from delaylab.errors import ConfigError, MissingFile
+from delaylab.theory.assumptions import TorchObjective
 
 from delaylab.theory.nqm import SPECTRUM_FORMAT as FORMAT
 
 
-def _load_run(folder: Path):
+def load_run(folder: Path):
+    """(resolved config, checkpoint root, steps on disk) of a run folder; one-line errors without them."""
     from delaylab.llm import checkpoint
     from delaylab.llm.config import Config
     from delaylab.llm.run.folder import require_folder
@@ -71,11 +73,9 @@ def measure(run: str | Path, probes: int = 4, lanczos_steps: int = 30, batches: 
 
     if probes < 1 or lanczos_steps < 2 or batches < 1 or noise_sequences < 2:
         raise ConfigError("probes >= 1, lanczos steps >= 2, batches >= 1 and noise sequences >= 2")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     t0 = time.perf_counter()
     folder = Path(run)
-    cfg, root, steps = _load_run(folder)
+    cfg, root, steps = load_run(folder)
     data = load_data(cfg)
     mcfg = cfg.model_config(data.vocab_size)
     B, T = cfg.data.batch_size, mcfg.block_size
@@ -98,54 +98,51 @@ def measure(run: str | Path, probes: int = 4, lanczos_steps: int = 30, batches: 
         opt.load_state_dict(part["optimizer"])
         precond = _adam_preconditioner(model, opt)
         model = model.double().eval()
-        params = [p for p in model.parameters()]
-        n = sum(p.numel() for p in params)
+        # The loss, gradient, Hessian-vector products and per-sequence gradients of
+        # delaylab.theory.assumptions.TorchObjective (one double-backward code for this and `theory check`).
+        obj = TorchObjective(model, _lm_loss, held)
+        point = obj.point()
+        sizes = [b.size for b in point]
+        n = sum(sizes)
 
-        def flat(ts):
-            return torch.cat([t.reshape(-1) for t in ts])
-
-        def unflat(v):
-            out, i = [], 0
-            for p in params:
-                out.append(v[i:i + p.numel()].view_as(p))
-                i += p.numel()
-            return out
-
-        def loss_of(batches_):
-            return sum(model(torch.as_tensor(x), torch.as_tensor(y))[1] for x, y in batches_) / len(batches_)
-
-        with sdpa_kernel(SDPBackend.MATH):  # the fused CPU attention has no double backward
-            loss = loss_of(held)
-            grads = torch.autograd.grad(loss, params, create_graph=True)
+        def unflat(v: np.ndarray) -> list[np.ndarray]:
+            return [c.reshape(b.shape) for c, b in zip(np.split(v, np.cumsum(sizes)[:-1]), point)]
 
         def hvp(v: np.ndarray) -> np.ndarray:
-            with sdpa_kernel(SDPBackend.MATH):
-                hv = torch.autograd.grad(grads, params, grad_outputs=unflat(torch.from_numpy(v)), retain_graph=True)
-            return flat(hv).numpy()
+            return np.concatenate([h.ravel() for h in obj.hvp(point, unflat(v))])
 
+        loss = obj.loss(point)
+        grad_sq = float(sum((g**2).sum() for g in obj.grad(point)))
         nodes, w = slq(hvp, n, probes, lanczos_steps, seed)
-        rec = {"step": step, "val_loss": float(loss.detach()), "n_params": n, "grad_sq": float(flat(grads).detach().pow(2).sum()),
+        rec = {"step": step, "val_loss": loss, "n_params": n, "grad_sq": grad_sq,
                "hessian": {"nodes": nodes.tolist(), "weights": w.tolist()}}
         if precond is not None:
-            d = flat(precond).sqrt().numpy()
+            d = torch.cat([t.reshape(-1) for t in precond]).sqrt().numpy()
             pn, pw = slq(lambda v: d * hvp(d * v), n, probes, lanczos_steps, seed)
             rec["precond"] = {"nodes": pn.tolist(), "weights": pw.tolist()}
-        grads = None  # free the double-backward graph before the per-sequence gradients
-        per = []
-        for x, y in seqs:  # one gradient per held-out sequence: the per-example noise
-            g = torch.autograd.grad(model(torch.as_tensor(x), torch.as_tensor(y))[1], params)
-            per.append(flat(g).detach())
-        G = torch.stack(per)
+        obj = None  # free the double-backward graph before the per-sequence gradients
+        per_seq = TorchObjective(model, _lm_loss, seqs)
+        # one gradient per held-out sequence: the per-example noise
+        G = np.stack([np.concatenate([g.ravel() for g in per_seq.stoch_grad(point, i)]) for i in range(len(seqs))])
         dev = G - G.mean(0)
-        rec["noise_trace"] = float(dev.pow(2).sum() / (len(per) - 1))
+        rec["noise_trace"] = float((dev**2).sum() / (len(seqs) - 1))
         if precond is not None:
-            rec["noise_trace_precond"] = float((dev.pow(2) * flat(precond)).sum() / (len(per) - 1))
+            rec["noise_trace_precond"] = float(((dev**2) * torch.cat([t.reshape(-1) for t in precond]).numpy()).sum()
+                                               / (len(seqs) - 1))
         out["checkpoints"].append(rec)
         if progress:
-            progress(f"checkpoint {step}: loss {float(loss.detach()):.4f}, top eigenvalue {nodes.max():.4g}, "
+            progress(f"checkpoint {step}: loss {loss:.4f}, top eigenvalue {nodes.max():.4g}, "
                      f"noise trace {rec['noise_trace']:.4g}")
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def _lm_loss(model, batch):
+    """The model's loss on a held-out (x, y), with the attention that has a double backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU attention has no double backward
+        return model(torch.as_tensor(batch[0]), torch.as_tensor(batch[1]))[1]
 
 
 def _run_summary(cfg) -> dict:

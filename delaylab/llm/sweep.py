@@ -236,8 +236,9 @@ def write_figures(gaps: dict, out: Path, cells: list[Cell]) -> list[str]:
                 runs = [r for r in runs if r[0]]
                 n = min((len(r[0]) for r in runs), default=0)
                 if n:
-                    curves[mode] = (runs[0][0][:n], [sum(r[1][i] for r in runs) / len(runs) for i in range(n)])
-            plots.loss_curves(curves, f"{opt} (lr {row['lr']:g})", ax=ax)
+                    curves[mode] = (runs[0][0][:n], [sum(r[1][i] for r in runs) / len(runs) for i in range(n)],
+                                    len(runs))
+            plots.loss_curves(curves, f"{opt} (lr {row['lr']:g}): train loss, mean over seeds", ax=ax)
         plots.save(fig, out / "llm_loss_curves.png")
         written.append("llm_loss_curves.png")
 

@@ -23,11 +23,12 @@ FIX_COLORS = {"delayed": "tab:red", "ef": "tab:blue", "dc-asgd": "tab:green", "s
 
 
 def _mean_curve(L, folders: list[str]):
+    """(steps, mean train loss, seeds) over the runs in ``folders`` that kept a curve."""
     curves = [c for c in (L.train_curve(f) for f in folders) if c[0]]
     if not curves:
         return None
     n = min(len(c[0]) for c in curves)
-    return curves[0][0][:n], [sum(c[1][i] for c in curves) / len(curves) for i in range(n)]
+    return curves[0][0][:n], [sum(c[1][i] for c in curves) / len(curves) for i in range(n)], len(curves)
 
 
 def _subplots(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
@@ -59,9 +60,17 @@ def _g(x) -> str:
     return "n/a" if x is None else f"{x:+.3f}"
 
 
+def _t_error(stat: dict) -> tuple[float, float]:
+    """(below, above) the mean: the 95% t interval of a :func:`delaylab.stats.sample` (0 without one)."""
+    if stat.get("mean") is None or not stat.get("ci"):
+        return 0.0, 0.0
+    return stat["mean"] - stat["ci"][0], stat["ci"][1] - stat["mean"]
+
+
 def plot_mitigations(part2: dict, ax=None):
-    """Gap to sync (final val loss, mean +- std over seeds) per optimizer: delayed and each mitigation."""
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7.5, 3.6))
+    """Gap to sync (final val loss) per optimizer, delayed and each mitigation: the mean over seeds with
+    its 95% t interval (the interval the report quotes), the seeds in the legend."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7.5, 3.8))
     rows = part2["rows"]
     modes = ["delayed"] + [k[: -len("_gap")] for k in rows[0] if k.endswith("_gap")]
     width = 0.8 / len(modes)
@@ -69,14 +78,17 @@ def plot_mitigations(part2: dict, ax=None):
         key = "gap" if mode == "delayed" else f"{mode}_gap"
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(rows))]
         ys = [r[key]["mean"] if r[key]["mean"] is not None else math.nan for r in rows]
-        err = [r[key]["std"] or 0.0 for r in rows]
-        label = "delayed (no fix)" if mode == "delayed" else mode
+        err = list(zip(*(_t_error(r[key]) for r in rows)))
+        seeds = sorted({r[key].get("n") for r in rows if r[key].get("n")})
+        label = ("delayed (no fix)" if mode == "delayed" else mode) + \
+            (f", {' or '.join(map(str, seeds))} seeds" if seeds else "")
         ax.bar(xs, ys, width, yerr=err, capsize=2, color=FIX_COLORS.get(mode), label=label)
     ax.set_xticks(range(len(rows)), [r["optimizer"] for r in rows])
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel("val loss - sync val loss")
-    ax.set_title("gap to sync per optimizer, with and without mitigations (error bars: std over seeds)", fontsize=9)
-    ax.legend(frameon=False, fontsize=7, ncol=3)
+    ax.set_title("gap to sync per optimizer, with and without mitigations (mean over seeds, error bars: "
+                 "95% t interval)", fontsize=9)
+    ax.legend(frameon=False, fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -213,7 +213,7 @@ class Ledger:
         os.replace(tmp, Path(out) / RUNS)
 
 
-def _gpt_line(p: Preset, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
+def _gpt_line(report: str, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
     """A GPT run as a line of runs.jsonl: enough to recompute every number of the report without
     delaylab: what the run was (optimizer, mode, correction, delay, lr, momentum, seed, the model
     preset and the report's, the run's variant and label), its size (params, steps, tokens,
@@ -232,7 +232,7 @@ def _gpt_line(p: Preset, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
         "kind": "gpt", "optimizer": r.cell.optimizer, "mode": r.label, "sweep_mode": r.cell.mode,
         "correction": cfg.delay.correction, "delay": cfg.delay.delay, "delay_dist": cfg.delay.delay_dist,
         "n_layer": r.base.get("n_layer"), "lr": r.cell.lr,
-        "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": p.name,
+        "momentum": r.cell.momentum, "seed": r.cell.seed, "preset": cfg.model.preset, "report_preset": report,
         "variant": r.variant, "folder": r.folder, "params": params, "steps": cfg.run.steps,
         "batch_size": cfg.data.batch_size, "block_size": cfg.model.block_size,
         "warmup": r.base.get("warmup"), "lr_schedule": cfg.lr_schedule.lr_schedule, "sync_start": r.base.get("sync_start", 0),
@@ -262,12 +262,32 @@ def settle(p: Preset, out, sessions: list[dict] | None = None) -> Ledger:
         s = src.summary(r)
         if s is None:
             raise RuntimeError(f"settle: {r.folder} is not finished (the plan is not at its fixed point)")
-        lines.append(_gpt_line(p, r, s, read_metrics(src.out / r.folder)) if isinstance(r, LLMRun)
+        lines.append(_gpt_line(p.name, r, s, read_metrics(src.out / r.folder)) if isinstance(r, LLMRun)
                      else _toy_line(r, s))
     ledger = Ledger(p, str(out), lines, list(sessions or []))
     if [r.folder for r in P.plan(p, ledger)] != [r.folder for r in runs]:
         raise AssertionError("settle: the plan on the Ledger lists other runs than on the folders")
     return ledger
+
+
+def gpt_lines(report: str, out, runs: list[LLMRun]) -> list[dict]:
+    """The lines of ``runs`` (finished GPT runs under ``out``) for a grid that no preset plans (the
+    fresh cells of delaylab.predict): the same line a report's Ledger writes, ``report`` as its
+    ``report_preset``."""
+    src = Folders(out)
+    out_lines = []
+    for r in runs:
+        s = src.summary(r)
+        if s is None:
+            raise RuntimeError(f"gpt_lines: {r.folder} is not finished")
+        out_lines.append(_gpt_line(report, r, s, read_metrics(src.out / r.folder)))
+    return out_lines
+
+
+def runs(folder) -> list[dict]:
+    """The lines of ``folder/runs.jsonl``, one dict per run: the one reader of that file (a folder
+    with a runs.jsonl and no report.json, such as docs/beyond/moe-cpu, is read by this alone)."""
+    return [json.loads(x) for x in (Path(folder) / RUNS).read_text().splitlines() if x.strip()]
 
 
 def read(folder) -> Ledger:
@@ -276,7 +296,7 @@ def read(folder) -> Ledger:
     folder = Path(folder)
     rep = json.loads((folder / "report.json").read_text())
     p = get_preset(rep["preset"])
-    lines = [json.loads(x) for x in (folder / RUNS).read_text().splitlines() if x.strip()]
+    lines = runs(folder)
     path = folder / SESSIONS
     sessions = ([json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file()
                 else rep.get("sessions", []))

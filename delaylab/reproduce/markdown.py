@@ -238,12 +238,17 @@ def _tokens_tables(part: dict) -> list[str]:
                     [[r["size"], f"{r['tokens_per_param']:g}", r["lr_schedule"], str(r["batch_size"])]
                      + [f"{_gap_ci(r['reads'][k]['gap'])} ({r['reads'][k]['step']}, {r['reads'][k]['lr_factor']:.2f})"
                         for k in READS] + [_gap_ci(r["closing"])] for r in part["rows"]])
-    lines += ["", "What moves the gap, one factor at a time (difference of the two points' means, Welch's 95% "
-                  "interval; independent runs):", ""]
-    lines += _table(["size", "what changes", "from", "to", "quantity", "from -> to", "change (95% Welch)"],
+    lines += ["", "What moves the gap, one factor at a time (second point - first, per seed: a seed fixes the init "
+                  "at both points, so the difference is paired; 95% t interval). Each change is scored in the "
+                  "direction named, at the optima and at every pair of lrs the data cannot tell from them "
+                  "(undetermined where those disagree):", ""]
+    lines += _table(["size", "what changes", "from", "to", "quantity", "from -> to", "change (95% t, paired)",
+                     "claim", "verdict"],
                     [[s["size"], s["what"], s["from"], s["to"], s["quantity"],
                       f"{_n(s['first'], '+.3f')} -> {_n(s['second'], '+.3f')}",
-                      f"{_n(s['delta'], '+.3f')} {ci_text(s)}".strip()] for s in part["separations"]])
+                      f"{_n(s['delta'], '+.3f')} {ci_text(s)}".strip(), s["claim"],
+                      s["state"] + (" (lr-dependent)" if len(s["lr_states"]) > 1 else "")]
+                     for s in part["separations"]])
     lines += [""] + [f"- {c}." for c in part["conclusion"]]
     return lines
 
@@ -264,8 +269,9 @@ def _scale_tables(part: dict) -> list[str]:
               if e.get("gap_ratio")]
     if ratios:
         lines += ["", "AdamW gap / Muon gap (ratio of means paired by seed, 95% Fieller): " + "; ".join(ratios) + "."]
-    lines += ["", "Each quantity from the fewest to the most tokens per parameter (a gap's change: Welch's 95% "
-                  "interval; a ratio's: resolved only where the two intervals are disjoint):", ""]
+    lines += ["", "Each quantity from the fewest to the most tokens per parameter (a gap's change: 95% t interval "
+                  "paired by seed, the two points being one model; a ratio's: resolved only where the two "
+                  "intervals are disjoint):", ""]
     lines += _table(["size", "quantity", "per tokens/param", "change", "direction", "paper (20 tokens/param)"],
                     [[t["size"], t["quantity"], ", ".join(f"{r:g}: {_n(v, '.3g')}" for r, v in zip(t["ratios"], t["values"])),
                       (f"{_n(t['change']['delta'], '+.3g')} {ci_text(t['change'], '+.3g')}").strip(), t["direction"],

@@ -11,7 +11,8 @@ findings, so "reproduced" is ``n.a.`` and the theory column says what it can.
 - **Axes** (tokens per parameter, and model size where sizes share a ratio): sync, delayed and EF
   of AdamW and Muon at each point, the lr tuned at each; gaps (t intervals), the AdamW/Muon gap
   ratio and EF recovery (Fieller's sets), and the direction each moves toward 20 tokens per
-  parameter: Welch's interval for the change of a gap, disjoint Fieller intervals for a ratio.
+  parameter: the change of a gap paired by seed along one model's axis (Welch's across sizes),
+  disjoint Fieller intervals for a ratio.
 """
 
 from __future__ import annotations
@@ -173,11 +174,15 @@ def _gap_ratio(a: dict, m: dict) -> dict:
     return metrics.mean_ratio(ga, gm)
 
 
-def _change(first: dict, last: dict, kind: str) -> dict:
-    """How a quantity moves from the first to the last point of an axis: for a mean (``gap``),
-    Welch's interval of the difference of the two independent means; for a ratio, the change is
-    resolved only where the two points' bounded 95% intervals are disjoint (a conservative test)."""
+def _change(first: dict, last: dict, kind: str, paired: bool = False) -> dict:
+    """How a quantity moves from the first to the last point of an axis: for a mean (``gap``), the
+    difference with its 95% interval, paired by seed where the two points are one model (its seeds
+    share init and batch order: ``paired``, the samples carrying ``seeds``), else Welch's for two
+    independent means; for a ratio, the change is resolved only where the two points' bounded 95%
+    intervals are disjoint (a conservative test)."""
     if kind == "gap":
+        if paired:
+            return S.paired_change(first["values"], first["seeds"], last["values"], last["seeds"])
         return S.change(first, last)
     a, b = first.get("value"), last.get("value")
     if a is None or b is None:
@@ -232,8 +237,9 @@ def scale(L) -> dict:
     def value(e, key):
         """{"value", "ci", "values", "mean"} of one quantity at one point."""
         if key.endswith("_gap"):
-            g = e["optimizers"][key[:-4]]["gap"]
-            return {**g, "value": g["mean"]}
+            st = e["optimizers"][key[:-4]]
+            g, runs = st["gap"], st["runs"]
+            return {**g, "value": g["mean"], "seeds": sorted(set(S.seeds_of(runs["sync"])) & set(S.seeds_of(runs["delayed"])))}
         if key == "gap_ratio":
             r = e.get("gap_ratio") or {}
             return {"value": r.get("ratio"), "ci": r.get("ci"), "set": r.get("set")}
@@ -250,7 +256,7 @@ def scale(L) -> dict:
             continue
         for key, label in quantities:
             vals = [value(e, key) for e in mine]
-            ch = _change(vals[0], vals[-1], "gap" if key.endswith("_gap") else "ratio")
+            ch = _change(vals[0], vals[-1], "gap" if key.endswith("_gap") else "ratio", paired=True)
             target = PAPER_SCALE[key]
             direction = _toward(ch, vals[-1]["value"], target)
             trends[f"{size}:{key}"] = {"size": size, "quantity": key, "ratios": [e["tokens_per_param"] for e in mine],

@@ -11,7 +11,7 @@ Two verdicts need more than a stored score and are recomputed from what the repo
   EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
   to the stored one, so a changed toy code cannot pass silently).
 
-The delay axis's setup line is rewritten from the preset. The part summaries and the theory column follow by the one aggregation rule;
+The axes' parts (the delay axis, the tokens axis and the scale axis) are built again from the Ledger. The part summaries and the theory column follow by the one aggregation rule;
 the intervals' coverage at the report's skew and the multiplicity line (:mod:`~delaylab.reproduce.coverage`)
 and the held-out tuned numbers (:mod:`~delaylab.reproduce.selection`) are recomputed. ``changes`` lists
 every scored verdict whose state moved, before -> after.
@@ -24,13 +24,17 @@ import json
 import math
 from pathlib import Path
 
-from delaylab.reproduce import coverage, selection
+from delaylab.reproduce import coverage, delays, protocol, selection, tokens
 from delaylab.reproduce import findings as F
 from delaylab.reproduce import ledger
 from delaylab.reproduce import plan as P
 from delaylab.reproduce import verdicts as V
 from delaylab.reproduce.ledger import Ledger
 from delaylab.reproduce.presets import Preset
+
+
+# The axes' parts hold tables and separations, not stored scores: each is built again from the Ledger.
+REBUILT = {"delays": delays.delays, "tokens": tokens.tokens, "scale": protocol.scale}
 
 
 def _optimizers(part: dict, book: Ledger) -> None:
@@ -91,10 +95,8 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
             _optimizers(part, book)
         elif part["key"] == "toy":
             _toy(p, part, lines)
-        elif part["key"] == "delays":  # its setup line is the preset's, written out again
-            from delaylab.reproduce.delays import setup_text
-
-            part["setup"] = setup_text(p)
+        elif part["key"] in REBUILT:  # built again from the Ledger; commands and figures stay the report's
+            part.update(REBUILT[part["key"]](book))
         held = selection.selection(book, part["key"])
         if held is not None:
             part["selection"] = held

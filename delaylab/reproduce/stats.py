@@ -41,12 +41,28 @@ def diff(a: dict, b: dict) -> dict:
 
 def change(first: dict, second: dict) -> dict:
     """``second - first`` of two independent samples' means (:func:`sample` dicts), Welch's 95%
-    interval, and its sign (0 where the interval holds 0, or a mean is missing)."""
+    interval, and its sign (0 where the interval holds 0, or a mean is missing). For two samples that
+    share seeds use :func:`paired_change`."""
     if first.get("mean") is None or second.get("mean") is None:
         return {"delta": None, "ci": None, "sign": 0}
     ci = stats.welch_interval(first["values"], second["values"])
     sign = 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
     return {"delta": second["mean"] - first["mean"], "ci": ci, "sign": sign}
+
+
+def paired_change(first: list, first_seeds: list, second: list, second_seeds: list) -> dict:
+    """``second - first`` per seed over the seeds both have (a seed fixes init and batch order, so two
+    points of one model that share seeds are paired): the sample with its 95% t interval, and its
+    sign (0 where the interval holds 0)."""
+    a, b = dict(zip(first_seeds, first)), dict(zip(second_seeds, second))
+    d = sample([None if a[s] is None or b[s] is None else b[s] - a[s] for s in sorted(set(a) & set(b))])
+    ci = d["ci"]
+    return {**d, "delta": d["mean"], "sign": 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0}
+
+
+def seeds_of(folders: list[str]) -> list[int]:
+    """The seeds of run folders named ``..._s<seed>``, in the folders' order."""
+    return [int(f.rsplit("_s", 1)[1]) for f in folders]
 
 
 def issues_of(rows) -> list[str]:

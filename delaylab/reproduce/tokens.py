@@ -13,15 +13,22 @@ reused by the delayed runs). Here, at each model size:
 
 Every point's sync and delayed lrs are tuned over all its seeds (each mode its own best by the
 mean); a gap is the per-seed (same init, same batches) delayed - sync difference at the two best
-lrs. Differences between points are of independent runs: Welch's 95% interval.
+lrs. A separation compares two points of one size over the seeds they share (a seed fixes the
+init at both), so it is a paired difference with its 95% t interval. Each is scored as a claim in
+one direction by the one verdict rule, and held to the findings' lr-robustness rule: it is
+recomputed at every pair of lrs the data cannot tell from each point's optima (both modes, both
+points), and where the state differs across them it is undetermined (lr-dependent).
 """
 
 from __future__ import annotations
 
+from itertools import product
+
 from delaylab.llm.config import warmup_updates
 from delaylab.reproduce import stats as S
+from delaylab.reproduce.findings import indistinguishable
 from delaylab.reproduce.presets import Preset
-from delaylab.reproduce.verdicts import part_states, qualitative
+from delaylab.reproduce.verdicts import part_states, qualitative, state
 
 TITLE = "The tokens axis, unconfounded: tokens, updates and the lr's decay"
 READS = ("peak", "mid", "end")  # the validations the gap is read at (read_points), in run order
@@ -59,6 +66,8 @@ def point_record(L, size: str, ratio: float, kind: str, point: dict) -> dict:
     gap_at = {k: [along[i]["gap"]["values"][j] for j in range(len(seeds))] for k, i in reads.items()}
     final = {m: {s: c[-1]["val_loss"] for s, c in cur.items()} for m, cur in (("sync", sync), ("delayed", delayed))}
     params = L.summary(point["runs"][0])["params"]
+    t = L.preset.tokens
+    near = {m: indistinguishable(rows, t.optimizer, t.momentum, best[m], mode=m) for m in ("sync", "delayed")}
     return {
         "size": size, "params": params, "tokens_per_param": ratio, "kind": kind, "batch_size": base["batch_size"],
         "updates": base["steps"], "tokens": sync[seeds[0]][-1]["tokens"], "lr_schedule": base["lr_schedule"],
@@ -68,46 +77,76 @@ def point_record(L, size: str, ratio: float, kind: str, point: dict) -> dict:
         "gap": S.sample([final["delayed"][s] - final["sync"][s] for s in seeds]),
         "along": along, "reads": {k: {"index": i, **along[i]} for k, i in reads.items()},
         "closing": S.sample([a - b for a, b in zip(gap_at["peak"], gap_at["end"])]),
-        "issues": S.issues_of(rows),
+        "issues": S.issues_of(rows), "seed_ids": seeds, "near_lrs": near,
+        "at_near_lrs": [_at_lrs(rows, ls, ld, reads) for ls, ld in product(near["sync"], near["delayed"])],
     }
+
+
+def _at_lrs(rows: list[dict], sync_lr: float, delayed_lr: float, reads: dict[str, int]) -> dict:
+    """Per seed, the final gap and the closing (peak - end) with sync at ``sync_lr`` and delayed at
+    ``delayed_lr``: the quantities a separation compares, at one pair of near-optimal lrs."""
+    sync, delayed = _curves(rows, "sync", sync_lr), _curves(rows, "delayed", delayed_lr)
+    seeds = sorted(set(sync) & set(delayed))
+
+    def gap(s, k):
+        return delayed[s][reads[k]]["val_loss"] - sync[s][reads[k]]["val_loss"]
+
+    return {"lrs": [sync_lr, delayed_lr], "seed_ids": seeds, "gap": [gap(s, "end") for s in seeds],
+            "closing": [gap(s, "peak") - gap(s, "end") for s in seeds]}
 
 
 def separations(p: Preset, table: dict) -> list[dict]:
     """Per size, each factor moved alone (and the old axis's two together): ``{"name", "what", "from",
-    "to", "quantity", "first", "second", "delta", "ci", "sign"}``, ``delta`` = second - first."""
+    "to", "quantity", "first", "second", "delta", "ci", "n", "sign", "claim", "region", "state",
+    "lr_states"}``; ``delta`` = second - first paired by seed; ``claim`` the direction scored."""
     t = p.tokens
     lo, hi = min(t.ratios), max(t.ratios)
     k, w = f"{hi / lo:g}x", f"{t.wide_batch / t.batch_size:g}x"
     kinds = {"cosine": "cosine", "wide": f"cosine, {w} batch", "constant": "constant lr"}
-    pairs = (  # (name, what changes, first point, second point, the quantity compared)
-        ("tokens and updates", f"{k} tokens and {k} updates (the old axis)", (lo, "cosine"), (hi, "cosine"), "gap"),
-        ("tokens", f"{k} tokens, same updates ({w} batch)", (lo, "cosine"), (hi, "wide"), "gap"),
-        ("updates", f"{k} updates, same tokens", (hi, "wide"), (hi, "cosine"), "gap"),
+    up, down = (0, None), (None, 0)
+    pairs = (  # (name, what changes, first point, second point, the quantity compared, the direction claimed)
+        ("tokens and updates", f"{k} tokens and {k} updates (the old axis)", (lo, "cosine"), (hi, "cosine"), "gap",
+         down),
+        ("tokens", f"{k} tokens, same updates ({w} batch)", (lo, "cosine"), (hi, "wide"), "gap", up),
+        ("updates", f"{k} updates, same tokens", (hi, "wide"), (hi, "cosine"), "gap", down),
         ("decay: final gap", f"cosine decay against a constant lr, at {hi:g}:1", (hi, "constant"), (hi, "cosine"),
-         "gap"),
+         "gap", down),
         ("decay: closing", "the gap's closing from peak lr to the end, cosine against constant",
-         (hi, "constant"), (hi, "cosine"), "closing"),
+         (hi, "constant"), (hi, "cosine"), "closing", up),
     )
     out = []
     for size in t.sizes:
-        for name, what, (ra, ka), (rb, kb), q in pairs:
+        for name, what, (ra, ka), (rb, kb), q, region in pairs:
             a, b = table[(size, ra, ka)], table[(size, rb, kb)]
+            d = S.paired_change(a[q]["values"], a["seed_ids"], b[q]["values"], b["seed_ids"])
+            ci = d["ci"]
+            at_lrs = [state(S.paired_change(x[q], x["seed_ids"], y[q], y["seed_ids"])["ci"], region)
+                      for x in a["at_near_lrs"] for y in b["at_near_lrs"]]
+            censored = any(pt["censored"].get(m) for pt in (a, b) for m in ("sync", "delayed"))
             out.append({"size": size, "name": name, "what": what, "quantity": q,
                         "from": f"{ra:g}:1 {kinds[ka]}", "to": f"{rb:g}:1 {kinds[kb]}",
-                        "first": a[q]["mean"], "second": b[q]["mean"], **S.change(a[q], b[q])})
+                        "first": a[q]["mean"], "second": b[q]["mean"], "delta": d["mean"], "ci": ci, "n": d["n"],
+                        "sign": 0 if ci is None else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0,
+                        "claim": "grows" if region == up else "shrinks", "region": list(region),
+                        "state": state(ci, region, censored=censored, lr_dependent=len(set(at_lrs)) > 1),
+                        "lr_states": {x: at_lrs.count(x) for x in sorted(set(at_lrs))}})
     return out
 
 
 def conclusion(seps: list[dict]) -> list[str]:
-    """One line per factor moved alone: each size's change with its Welch interval and whether it
-    is resolved (the interval excludes 0)."""
-    word = {1: "up, resolved", -1: "down, resolved", 0: "not resolved"}
+    """One line per factor moved alone: each size's change with its paired interval, the direction
+    scored and its state (lr-dependent where the near-optimal lrs disagree)."""
     lines = []
     for name in ("tokens", "updates", "decay: final gap", "decay: closing"):
         mine = [s for s in seps if s["name"] == name]
-        lines.append(f"{mine[0]['what']} ({mine[0]['quantity']}): " + "; ".join(
-            f"{s['size']} {S.fmt(s['delta'])} {S.ci_text(s)} ({word[s['sign']]})" for s in mine))
+        lines.append(f"{mine[0]['what']} ({mine[0]['quantity']} {mine[0]['claim']}): " + "; ".join(
+            f"{s['size']} {S.fmt(s['delta'])} {S.ci_text(s)} over {s['n']} seeds, {s['state']}"
+            + (f" (lr-dependent: {_states(s)})" if len(s["lr_states"]) > 1 else "") for s in mine))
     return lines
+
+
+def _states(sep: dict) -> str:
+    return ", ".join(f"{v} of {sum(sep['lr_states'].values())} lr pairs {k}" for k, v in sep["lr_states"].items())
 
 
 def tokens(L) -> dict:

@@ -42,6 +42,8 @@ Constants vocabulary (keyword names everywhere; other modules pass these):
 ``G0``     ||grad f(x0)||_*, for the zero-initialised momentum's start-up term
 ``delta_bar`` EF's mean direction drift (1/T) sum_t E||d_{t-1} - d_{t-2}|| in [0, 2]
 ``E_bar``  mean gradient perturbation of the virtual sequence (Theorem 2)
+``norm``   optional: the norm L, G0 and rho are in ("euclidean", "l2", "sign", "spectral");
+           evaluate/tune refuse it when it is not ``bound.norm`` (euclidean for ``sgdm_bound``)
 ========== ==============================================================================
 
 This package imports no other delaylab package.

@@ -79,6 +79,10 @@ class Bound:
     relations that must hold for the bound to apply; :func:`evaluate` reports the bound as
     +inf where one fails; ``eta_max``, if set, is the largest step size they allow (in closed
     form). ``options`` records how the bound was built (delay, ef, ...).
+    ``norm`` is the norm that L, G0 and rho must be in (one of
+    :data:`delaylab.theory.assumptions.NORMS`; None: the method's norm, whichever it is):
+    :func:`evaluate` and :func:`delaylab.theory.tune` refuse constants that carry another
+    (``constants["norm"]``, as :func:`delaylab.theory.assumptions.estimate_constants` returns them).
     """
 
     name: str
@@ -92,6 +96,7 @@ class Bound:
     options: tuple[tuple[str, object], ...] = ()
     notes: str = ""
     eta_max: sp.Expr | None = None
+    norm: str | None = None
 
     @property
     def expr(self) -> sp.Expr:
@@ -121,7 +126,7 @@ class Bound:
         conds = tuple(c for c in conds if c is not sp.true)
         eta_max = None if self.eta_max is None else self.eta_max.subs(rep)
         return Bound(self.name, self.metric, terms, self.assumptions, self.proof, self.references,
-                     conds, self.power, self.options + tuple(values.items()), self.notes, eta_max)
+                     conds, self.power, self.options + tuple(values.items()), self.notes, eta_max, self.norm)
 
     def latex(self) -> str:
         return sp.latex(self.expr)
@@ -132,6 +137,8 @@ class Bound:
         if self.conditions:
             lines.append("  valid if " + ", ".join(str(c) for c in self.conditions))
         lines.append("  assumes " + "; ".join(f"{a}: {ASSUMPTIONS[a].statement}" for a in self.assumptions))
+        if self.norm is not None:
+            lines.append(f"  constants in the {self.norm} norm")
         lines.append(f"  proof: {self.proof}")
         if self.references:
             lines.append("  references: " + "; ".join(self.references))
@@ -168,6 +175,25 @@ def _interval(name: str) -> str:
     return f"{'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
 
 
+def check_norm_of(bound: Bound, constants: Mapping[str, object]) -> dict:
+    """``constants`` without its ``"norm"`` entry, once that norm is known to be the bound's.
+
+    Constants without a norm (numbers typed by hand) pass: their norm is the caller's word.
+    """
+    from delaylab.theory.assumptions import NORMS
+
+    out = dict(constants)
+    norm = out.pop("norm", None)
+    if norm is None:
+        return out
+    if norm not in NORMS:
+        raise ConfigError(f"unknown norm {norm!r} in the constants; choose from {', '.join(NORMS)}")
+    if bound.norm is not None and norm != bound.norm:
+        raise ConfigError(f"{bound.name} needs L, G0 and rho in the {bound.norm} norm, but these constants are in "
+                          f"the {norm} norm (estimate them with norm={bound.norm!r})")
+    return out
+
+
 def check_constants(values: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Validate constants against the vocabulary; ValueError on an unknown name or bad value."""
     out = {}
@@ -198,9 +224,10 @@ def evaluate(bound: Bound, **constants) -> Evaluation:
     Constants the bound does not use are ignored, so one dict can serve many bounds.
     Raises ValueError for a missing or unknown constant or a value outside its domain
     (eta <= 0, beta outside [0, 1), T < 1, tau < 0, ...). Where a validity condition
-    fails the value is +inf: the bound says nothing there.
+    fails the value is +inf: the bound says nothing there. A ``norm`` entry (the norm the
+    constants were estimated in) must match ``bound.norm`` (:func:`check_norm_of`).
     """
-    vals = check_constants(constants)
+    vals = check_constants(check_norm_of(bound, constants))
     names, fns, conds = _compiled(bound)
     missing = [n for n in names if n not in vals]
     if missing:

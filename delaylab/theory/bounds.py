@@ -62,15 +62,35 @@ def momentum_weights(nesterov: bool):
     return beta / (1 - beta), (1 - beta) / (1 + beta), 1
 
 
-def _lmo_terms(perturbation, nesterov: bool, init: str):
+def lion_weights(beta1):
+    """(lag, noise, start) of Lion's direction c_t = beta1 m_{t-1} + (1-beta1) g_t, m_t = EMA_beta(g).
+
+    ``beta`` is Lion's buffer decay (its beta2, the momentum knob); the weight of the gradient j
+    updates old is 1-beta1 (j = 0) and beta1 (1-beta) beta^(j-1) (j >= 1): lag beta1/(1-beta),
+    noise (1-beta1)^2 + beta1^2 (1-beta)/(1+beta), and the weight missing at step t of the
+    zero-initialised buffer is beta1 beta^t. Nesterov is beta1 = beta^2 (docs/theory.md#lion).
+    """
+    b1 = sp.nsimplify(beta1)
+    if not 0 <= b1 < 1:
+        raise ConfigError(f"Lion's beta1 must be in [0, 1), got {beta1!r}")
+    return b1 / (1 - beta), (1 - b1) ** 2 + b1**2 * (1 - beta) / (1 + beta), b1
+
+
+def _lmo_terms(perturbation, nesterov: bool, init: str, lion_beta1=None):
     if init not in INITS:
         raise ConfigError(f"init must be one of {INITS}, got {init!r}")
-    lag, noise_w, p = momentum_weights(nesterov)
+    if lion_beta1 is None:
+        lag, noise_w, p = momentum_weights(nesterov)
+        start = beta**p
+    elif nesterov:
+        raise ConfigError("Lion's direction is its own interpolation: no Nesterov variant on top")
+    else:
+        lag, noise_w, start = lion_weights(lion_beta1)
     sig_star = S.sigma_star
     if init == "zero":
-        init_term = 2 * beta**p / ((1 - beta) * T) * (G0 + L * eta * beta / (1 - beta))
+        init_term = 2 * start / ((1 - beta) * T) * (G0 + L * eta * beta / (1 - beta))
     else:
-        init_term = 2 * beta**p * sig_star / ((1 - beta) * T)
+        init_term = 2 * start * sig_star / ((1 - beta) * T)
     return (
         ("opt", Delta / (eta * T)),
         ("step", L * eta / 2),
@@ -81,8 +101,16 @@ def _lmo_terms(perturbation, nesterov: bool, init: str):
     )
 
 
+def _bound_norm(norm):
+    if norm is not None:
+        from delaylab.theory.assumptions import check_norm
+
+        check_norm(norm)
+    return norm
+
+
 def lmo_bound(delay=0, ef: bool = False, nesterov: bool = False, init: str = "zero",
-              point: str = "virtual") -> Bound:
+              point: str = "virtual", norm: str | None = None, lion_beta1=None) -> Bound:
     """Bound on (1/T) sum_t E||grad f||_* for momentum-LMO with gradient delay ``delay``.
 
     Method: m_t = beta m_{t-1} + (1-beta) g_t with g_t a stochastic gradient at
@@ -95,6 +123,12 @@ def lmo_bound(delay=0, ef: bool = False, nesterov: bool = False, init: str = "ze
     ``point`` says where the gradient norm is measured: "virtual" (w_t = x_t - tau eta d_{t-1},
     the undelayed sequence of the proof) or "real" (the weights the gradients were taken at).
     Without EF both are the same point and ``point`` is ignored.
+
+    ``norm``: the LMO's norm, which L, G0 and rho must be in ("spectral" for Muon, "sign" for
+    sign descent and Lion, "l2" per tensor, "euclidean" for normalized SGD on the whole
+    vector); None leaves it to the caller. ``lion_beta1``: Lion's direction
+    c_t = beta1 m_{t-1} + (1-beta1) g_t in place of the plain or Nesterov one, with ``beta``
+    its buffer decay (:func:`lion_weights`).
     """
     d = _delay_value(delay)
     if point not in POINTS:
@@ -112,23 +146,26 @@ def lmo_bound(delay=0, ef: bool = False, nesterov: bool = False, init: str = "ze
         section, theorem = "#theorem-1-delayed-momentum-lmo", "Theorem 1"
         metric = "(1/T) sum_{t<T} E||grad f(x_t)||_*"
         assumptions = ("A1", "A2", "A3", "A4")
-    name = ("lmo" + ("-nesterov" if nesterov else "")
+    name = ("lmo" + ("-nesterov" if nesterov else "") + ("-lion" if lion_beta1 is not None else "")
             + ("" if d == 0 and not ef else "-delayed") + ("-ef" if ef else "")
             + ("" if init == "zero" else "-first"))
     return Bound(
         name=name,
         metric=metric,
-        terms=_lmo_terms(pert, nesterov, init),
+        terms=_lmo_terms(pert, nesterov, init, lion_beta1),
         assumptions=assumptions,
-        proof=DOCS + (section if not nesterov else "#nesterov-momentum"),
+        proof=DOCS + ("#nesterov-momentum" if nesterov else "#lion" if lion_beta1 is not None else section),
         references=(REF_CM, REF_KOV, REF_PET, REF_2BW),
         options=(("method", "lmo"), ("delay", None if delay is None else int(delay)), ("ef", bool(ef)),
-                 ("nesterov", bool(nesterov)), ("init", init), ("point", point if ef else "real")),
+                 ("nesterov", bool(nesterov)), ("init", init), ("point", point if ef else "real"))
+        + ((("lion_beta1", float(lion_beta1)),) if lion_beta1 is not None else ()),
         notes=f"{theorem}; no step-size restriction; the delay costs the additive 'delay' term only.",
+        norm=_bound_norm(norm),
     )
 
 
-def virtual_lmo_bound(nesterov: bool = False, init: str = "zero", point: str = "virtual") -> Bound:
+def virtual_lmo_bound(nesterov: bool = False, init: str = "zero", point: str = "virtual",
+                      norm: str | None = None) -> Bound:
     """Theorem 2: momentum-LMO whose gradients are taken at perturbed points w_t + e_t.
 
     ``E_bar`` = (1/T) sum_t E||grad f(w_t + e_t) - grad f(w_t)||_*, measured in gradient space
@@ -148,6 +185,7 @@ def virtual_lmo_bound(nesterov: bool = False, init: str = "zero", point: str = "
         references=(REF_SK, REF_KOV),
         options=(("method", "lmo"), ("nesterov", bool(nesterov)), ("init", init), ("point", point)),
         notes="Theorem 2; E_bar is measured on the run (data-dependent).",
+        norm=_bound_norm(norm),
     )
 
 
@@ -182,6 +220,7 @@ def sgdm_bound(delay=0) -> Bound:
         power=2,
         options=(("method", "sgdm"), ("delay", None if delay is None else int(delay))),
         notes="Theorem 4; L and sigma are Euclidean here; compare with LMO via sqrt (Jensen).",
+        norm="euclidean",
     )
 
 
@@ -189,12 +228,17 @@ METHODS = ("lmo", "sgdm")
 
 
 def get_bound(method: str = "lmo", delay=0, ef: bool = False, nesterov: bool = False,
-              init: str = "zero", point: str = "virtual") -> Bound:
-    """One entry point for the CLI and other tools: ``method`` in {"lmo", "sgdm"}."""
+              init: str = "zero", point: str = "virtual", norm: str | None = None) -> Bound:
+    """One entry point for the CLI and other tools: ``method`` in {"lmo", "sgdm"}.
+
+    ``norm`` (lmo only): the LMO's norm, checked against the constants' (sgdm is euclidean).
+    """
     if method == "lmo":
-        return lmo_bound(delay=delay, ef=ef, nesterov=nesterov, init=init, point=point)
+        return lmo_bound(delay=delay, ef=ef, nesterov=nesterov, init=init, point=point, norm=norm)
     if method == "sgdm":
         if ef or nesterov:
             raise ConfigError("the sgdm bound has no EF or Nesterov variant")
+        if norm not in (None, "euclidean"):
+            raise ConfigError(f"the sgdm bound (Theorem 4) is in the euclidean norm, not {norm!r}")
         return sgdm_bound(delay=delay)
     raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

@@ -21,7 +21,7 @@ import sympy as sp
 
 from delaylab.errors import ConfigError
 from delaylab.theory import symbols as S
-from delaylab.theory.bound import Bound, _compiled, check_constants, evaluate
+from delaylab.theory.bound import Bound, _compiled, check_constants, check_norm_of, evaluate
 from delaylab.theory.bounds import get_bound
 
 _A = sp.Symbol("A", positive=True)   # 1 - beta = A / sqrt(T)
@@ -228,6 +228,7 @@ def _minimise(bound: Bound, consts: dict, eta0: float, beta0: float, beta_fixed:
 
 
 def _consts_for(bound: Bound, T: float, constants: dict) -> dict:
+    constants = check_norm_of(bound, constants)
     for k in ("eta", "beta"):
         if k in constants:
             raise ConfigError(f"tune chooses {k}; do not pass it in constants (use beta= to fix beta)")
@@ -253,8 +254,8 @@ def _closed_numeric(bound: Bound, noise_free: bool):
 def tune(bound: Bound, T: float, constants: dict, beta: float | None = None) -> Tuned:
     """Minimise ``bound`` over (eta, beta) at horizon ``T`` (``beta=`` fixes beta).
 
-    ``constants`` gives the other constants (L, Delta, sigma, rho, G0, tau, delta_bar, ...).
-    Returns the numeric minimiser of the full bound, with the closed form alongside.
+    ``constants`` gives the other constants (L, Delta, sigma, rho, G0, tau, delta_bar, ...),
+    and optionally the ``norm`` they are in, which must be the bound's. Returns the numeric minimiser of the full bound, with the closed form alongside.
     """
     if isinstance(T, bool) or not float(T) >= 1:
         raise ConfigError(f"T must be >= 1, got {T!r}")

@@ -27,18 +27,32 @@ def _label(result: dict) -> str:
     return f"{result['method']} {mode}"
 
 
+# One look per mode, so that runs whose numbers coincide (tau = 1 with and without EF often do) stay
+# visible: the marker, its fill and the line width differ, and each mode sits a little to the side.
+_MODE_LOOK = {"sync": dict(marker="o", lw=1.6, dodge=1 / 1.06),
+              "delayed": dict(marker="s", lw=2.6, dodge=1.0),
+              "corrected": dict(marker="^", lw=1.1, dodge=1.06, mfc="white")}
+
+
+def _look(result: dict) -> dict:
+    key = "sync" if result["delay"] == 0 else ("delayed" if result["correction"] == "none" else "corrected")
+    return _MODE_LOOK[key]
+
+
 def plot_rate(result: dict, ax=None, color=None, label: str | None = None):
-    """Measured mean (with its interval) and the bound against T, on log-log axes."""
+    """Measured mean (with its 95% t interval over seeds) and the bound against T, on log-log axes."""
     fig, ax = _axes(ax)
     pts = result["points"]
+    look = _look(result)
     ts = [p["T"] for p in pts]
+    xs = [t * look["dodge"] for t in ts]
     mean = [p["measured"] for p in pts]
     err = [[m - p["ci"][0] for m, p in zip(mean, pts)], [p["ci"][1] - m for m, p in zip(mean, pts)]]
     label = label or _label(result)
     ratio = max((p["ratio"] for p in pts if p["ratio"] is not None), default=None)
     tail = "" if ratio is None else f", ratio <= {ratio:.2f}"
-    line = ax.errorbar(ts, mean, yerr=err, marker="o", ms=4, capsize=2, color=color,
-                       label=f"{label}: slope {result['slope']:.2f}{tail}")
+    line = ax.errorbar(xs, mean, yerr=err, marker=look["marker"], ms=5, capsize=2, color=color, lw=look["lw"],
+                       mfc=look.get("mfc"), label=f"{label}: slope {result['slope']:.2f}{tail}")
     if result["points"][0]["bound"] is not None:
         ax.plot(ts, [p["bound"] for p in pts], ls="--", color=line[0].get_color(), alpha=0.8)
     ax.set_xscale("log")
@@ -50,12 +64,15 @@ def plot_rate(result: dict, ax=None, color=None, label: str | None = None):
 
 
 def plot_rates(results: list[dict], ax=None, title: str | None = None):
-    """Several rate checks on one axis: solid = measured (with interval), dashed = bound."""
+    """Several rate checks on one axis: solid = measured (mean over seeds, 95% t interval), dashed =
+    bound; the legend below the axes, off the data."""
     fig, ax = _axes(ax)
     for r in results:
         plot_rate(r, ax=ax)
-    ax.set_title(title or f"{results[0]['problem']}: measured (solid) vs bound (dashed)", fontsize=9)
-    ax.legend(fontsize=7)
+    seeds = results[0].get("seeds")
+    ax.set_title(title or f"{results[0]['problem']}: measured (solid, {seeds} seeds, 95% t interval) vs bound "
+                 "(dashed)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     return fig
 
 
@@ -121,16 +138,19 @@ def plot_compare(result: dict, ax=None):
 
 def plot_rates_grid(results: list[dict], ncols: int = 3):
     """The README figure: one panel per problem with its first method's runs (the suite
-    lists the natural LMO first: spectral for matrices, sign for vectors) in every mode."""
+    lists the natural LMO first: spectral for matrices, sign for vectors) in every mode; each
+    panel's legend below it, the seeds and the interval in the figure's title."""
     problems = list(dict.fromkeys(r["problem"] for r in results))
     nrows = -(-len(problems) // ncols)
-    fig = Figure(figsize=(4.2 * ncols, 3.3 * nrows), layout="constrained")
+    fig = Figure(figsize=(4.4 * ncols, 4.1 * nrows), layout="constrained")
     for i, name in enumerate(problems):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         mine = [r for r in results if r["problem"] == name]
         chosen = [r for r in mine if r["method"] == mine[0]["method"]]
-        plot_rates(chosen, ax=ax, title=f"{name}, {mine[0]['method']}: measured (solid), bound (dashed)")
-        ax.legend(fontsize=7, loc="lower left")
+        plot_rates(chosen, ax=ax, title=f"{name}, {mine[0]['method']}")
+    seeds = sorted({r["seeds"] for r in results})
+    fig.suptitle(f"measured mean over {', '.join(map(str, seeds))} seeds with its 95% t interval (solid; "
+                 "markers side by side where modes coincide) against the bound (dashed)", fontsize=10)
     return fig
 
 
@@ -167,7 +187,7 @@ def plot_profile(result: dict):
         ax.axhline(1.0, color="k", lw=0.6)
         ax.set_xticks(range(len(probs)), [p["problem"] for p in probs], fontsize=7)
         ax.set_ylabel("delayed / sync metric")
-        ax.set_title(title + " (^ diverged)", fontsize=9)
+        ax.set_title(title + " (mean, 95% t interval over seeds; ^ diverged)", fontsize=9)
         ax.legend(fontsize=7)
     ax = axes[1, 0]
     for k, mode in enumerate(m["mode"] for m in probs[0]["modes"]):
@@ -188,15 +208,31 @@ def plot_profile(result: dict):
     ax = axes[1, 1]
     stab = result.get("stability")
     if stab:
+        # What the table calls inf (no threshold found in the scanned range) or 0 (unstable at every lr)
+        # is written as such, not drawn as a bar of some height.
         modes = [r["mode"] for r in stab["modes"]]
-        finite = [r["measured_lr"] for r in stab["modes"] if 0 < r["measured_lr"] < math.inf]
-        cap = 10 * max(finite) if finite else 1.0
-        ax.bar(modes, [min(r["measured_lr"], cap) for r in stab["modes"]], color="C0", label="measured")
-        pred = [(m, r["predicted_lr"]) for m, r in zip(modes, stab["modes"]) if r["predicted_lr"] is not None]
-        if pred:
-            ax.plot([m for m, _ in pred], [min(v, cap) for _, v in pred], "rD", label="predicted")
+        values = [r["measured_lr"] for r in stab["modes"]] + [r["predicted_lr"] for r in stab["modes"]
+                                                             if r["predicted_lr"] is not None]
+        finite = [v for v in values if 0 < v < math.inf]
+        lo, hi = (min(finite) / 3, max(finite) * 3) if finite else (0.1, 10.0)
         ax.set_yscale("log")
-        ax.set_ylabel("largest stable lr (capped: none found)")
+        ax.set_ylim(lo, hi)
+        ax.bar(modes, [v if 0 < v < math.inf else 0 for v in (r["measured_lr"] for r in stab["modes"])],
+               color="C0", label="measured")
+        for m, r in zip(modes, stab["modes"]):
+            v = r["measured_lr"]
+            if not 0 < v < math.inf:
+                ax.annotate("inf\n(none found)" if v == math.inf else "0", (m, hi), xytext=(0, -4),
+                            textcoords="offset points", ha="center", va="top", fontsize=7, color="C0")
+        pred = [(m, r["predicted_lr"]) for m, r in zip(modes, stab["modes"]) if r["predicted_lr"] is not None]
+        shown = [(m, v) for m, v in pred if 0 < v < math.inf]
+        if shown:
+            ax.plot([m for m, _ in shown], [v for _, v in shown], "rD", label="predicted")
+        for m, v in pred:
+            if not 0 < v < math.inf:
+                ax.annotate("predicted " + ("inf" if v == math.inf else "0"), (m, lo), xytext=(0, 4),
+                            textcoords="offset points", ha="center", va="bottom", fontsize=7, color="r")
+        ax.set_ylabel("largest stable lr")
         ax.set_title(f"quadratic {'x'.join(map(str, stab['shape']))}, lambda={stab['curvature']:g}", fontsize=9)
         ax.legend(fontsize=7)
     else:

@@ -177,7 +177,7 @@ def _first_unit(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class SeparableCauchy(Problem):
-    r"""``f(x) = sum_i log(1 + x_i^2)`` on R^d (theory-notes section 6, P1).
+    r"""``f(x) = sum_i log(1 + x_i^2)`` on R^d.
 
     The Hessian is diagonal with entries ``phi''(x_i)`` in [-1/4, 2].
     * l2: ``||H v||_2 <= 2 ||v||_2``, so L = 2; attained at x = 0 (H = 2I), v = e_1.
@@ -214,7 +214,7 @@ class SeparableCauchy(Problem):
 
 
 class SmoothRastrigin(Problem):
-    r"""``f(x) = sum_i [x_i^2/2 + (b/w^2)(1 - cos(w x_i))]`` on R^d (theory-notes P2).
+    r"""``f(x) = sum_i [x_i^2/2 + (b/w^2)(1 - cos(w x_i))]`` on R^d.
 
     ``phi'' = 1 + b cos(w s)`` lies in [1 - b, 1 + b]; with b > 1 each coordinate has
     stationary points besides 0 (``s + (b/w) sin(w s) = 0``), so the gradient-norm criterion

@@ -20,6 +20,21 @@ def _yes(flag) -> str:
     return {True: "yes", False: "NO", None: "n/a"}[flag]
 
 
+def verdict(r: dict) -> str:
+    """A rate check's two parts in words: ``holds``, ``bound holds, slope check fails``, ``bound
+    fails, slope check holds``, ``bound and slope check fail`` or ``no bound``."""
+    bound, slope = r.get("bound_holds"), r.get("slope_holds")
+    if bound is None:
+        return "no bound"
+    if bound and slope:
+        return "holds"
+    if bound:
+        return "bound holds, slope check fails"
+    if slope:
+        return "bound fails, slope check holds"
+    return "bound and slope check fail"
+
+
 def render_list(r: dict) -> str:
     lines = ["problems (constants of the default instance; * = an upper bound, not attained):"]
     for p in r["problems"]:
@@ -47,7 +62,7 @@ def render_rates(r: dict) -> str:
     lines.append(f"slope {r['slope']:.3f} vs the bound's exponent {r['exponent']:.3f} + tolerance "
                  f"{r['tolerance']:.2f}: {_yes(r['slope_holds'])}  (the tuned bound's own slope on this grid: "
                  f"{_fmt(r['bound_slope'], '.3f')})")
-    lines.append(f"holds: {_yes(r['holds'])}   ({r['seconds']:.1f} s)")
+    lines.append(f"verdict: {verdict(r)}   ({r['seconds']:.1f} s)")
     return "\n".join(lines)
 
 
@@ -189,6 +204,7 @@ def render_profile(r: dict) -> str:
     for b in r.get("bound_check", []):
         worst = max(p["ratio"] for p in b["points"]) if b["bound_name"] else None
         lines.append(f"bound check {b['problem']} {b['mode']}: {b['bound_name'] or 'no bound'}, measured/bound <= "
-                     f"{_fmt(worst, '.2f')}, slope {b['slope']:.3f}, holds: {_yes(b['holds'])}")
+                     f"{_fmt(worst, '.2f')}, slope {b['slope']:.3f} (limit {b['exponent'] + b['tolerance']:.3f}): "
+                     f"{verdict(b)}")
     lines.append(f"({r['seconds']:.1f} s)")
     return "\n".join(lines)

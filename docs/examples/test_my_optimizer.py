@@ -1,9 +1,11 @@
 """Copy this file into your project's tests/ to fail CI when your optimizer becomes delay-fragile.
 
-It needs delaylab (``pip install delaylab``) and pytest. ``assert_delay_robust`` profiles the
-optimizer on small matrix problems with a one-step gradient delay (PipeDream-2BW) and fails
-with a table of every check when a delay costs more than ``max_cost`` (delayed / sync mean
-gradient norm, on the same noise), or when a delayed run diverges. Runs in a few seconds.
+It needs pytest and delaylab, installed from its clone (it is not on PyPI):
+``pip install -e "/path/to/delaylab[optimizers]"`` (the extra brings Lion, SOAP and the other
+pytorch-optimizer methods). ``assert_delay_robust`` profiles the optimizer on small matrix
+problems with a one-step gradient delay (PipeDream-2BW) and fails with a table of every check
+when a delay costs more than ``max_cost`` (delayed / sync mean gradient norm, on the same
+noise), or when a delayed run diverges.
 """
 
 import torch

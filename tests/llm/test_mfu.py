@@ -85,3 +85,23 @@ def test_the_timing_is_fenced_by_device_synchronizations(quick, corpus, monkeypa
     train(quick(steps=10, eval_every=5, log_every=5, ckpt_every=0), dataset=corpus)
     # the clock starts after update 3; validation at 5 and 10 is fenced on both sides; the stop at 10
     assert events == [3, 5, 5, 10, 10, 10]
+
+
+def test_both_counts_by_hand_and_their_ratio_at_360m():
+    """The convention (6 N + 12 L d T) and the causal count (6 N + 6 L d T), each by hand."""
+    n = 2 * (4 * 64 * 64 + 8 * 64 * 64) + 64 * 256  # tiny, as above
+    tiny = preset("tiny", vocab_size=256)
+    assert mfu.flops_per_token(tiny, causal=True) == 6 * n + 6 * 2 * 64 * 64
+    # 360m at the byte vocabulary (what a device run trains): GQA k, v of 5 of 15 heads, SwiGLU 2560,
+    # the tied lm_head 960 x 256 counted.
+    d, L, T, V = 960, 32, 2048, 256
+    n = L * (2 * d * d + 2 * d * (d // 3) + 3 * d * 2560) + d * V
+    cfg = preset("360m", vocab_size=V)
+    full, causal = 6 * n + 12 * L * d * T, 6 * n + 6 * L * d * T
+    assert mfu.flops_per_token(cfg) == full and mfu.flops_per_token(cfg, causal=True) == causal
+    assert full / causal == pytest.approx(1.1666, abs=1e-4)  # the convention's MFU is 17% above the causal one
+    both = mfu.mfu_both(1e4, cfg, 1, 989.5)
+    assert list(both) == list(mfu.MFU_NAMES) == ["mfu", "mfu_causal"]
+    assert both == {"mfu": pytest.approx(1e4 * full / 989.5e12, rel=1e-12),
+                    "mfu_causal": pytest.approx(1e4 * causal / 989.5e12, rel=1e-12)}
+    assert mfu.mfu_both(None, cfg, 1, 989.5) == {"mfu": None, "mfu_causal": None}

@@ -44,6 +44,7 @@ def test_plan_rejects_bad_names_before_running(quick):
 
 def test_sweep_writes_gaps_and_figures_and_does_not_rerun_finished_cells(quick, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DELAYLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DELAYLAB_PROGRESS_INTERVAL", "1e9")  # the cells' lines only, none between
     base = quick(steps=4, eval_every=2, log_every=1)
     gaps = sweep(base, tmp_path / "sw", ["adamw", "muon"], ["sync", "delayed", "ef"],
                  lrs={"adamw": [1e-3, 3e-3], "muon": [0.02]}, momenta=[0.8, 0.9], seeds=1)
@@ -51,7 +52,8 @@ def test_sweep_writes_gaps_and_figures_and_does_not_rerun_finished_cells(quick, 
     # stderr is not a terminal here: one line per finished cell, with its count and time
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("sweep: ")]
     assert len(lines) == 18 and lines[0].startswith("sweep: 1/18 ") and lines[-1].startswith("sweep: 18/18 ")
-    assert all(re.search(r"\(\d+\.\d s, val loss \d+\.\d{3}; \d+\.\d min so far\)$", x) for x in lines), lines[:2]
+    times = r"(\d+ s|\d+\.\d min)"
+    assert all(re.search(rf"\(\d+\.\d s, val loss \d+\.\d{{3}}; {times} so far, ETA {times}\)$", x) for x in lines), lines[:2]
     saved = json.loads((out / "gaps.json").read_text())
     assert saved["best"].keys() == {"adamw", "muon"}
     # 4 updates validated every 2: 2 points, too few for the overhead, and gaps.json says so

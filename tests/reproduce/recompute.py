@@ -116,8 +116,17 @@ def axis_gap(runs, optimizer, size, tokens_per_param, momentum):
 
 
 def axis_change(runs, optimizer, first, last, momentum):
-    """How an axis gap moves from point ``first`` to point ``last`` (each ``(size, tokens/param)``)."""
-    return welch(*(list(axis_gaps(runs, optimizer, *point, momentum).values()) for point in (first, last)))
+    """How an axis gap moves from point ``first`` to point ``last`` (each ``(size, tokens/param)``):
+    paired by seed on one model, Welch's across two models."""
+    a, b = (axis_gaps(runs, optimizer, *point, momentum) for point in (first, last))
+    if first[0] == last[0]:
+        return paired_change(a, b)
+    return welch(list(a.values()), list(b.values()))
+
+
+def paired_change(a: dict, b: dict):
+    """``b[s] - a[s]`` over the seeds both have: the mean and its 95% t interval."""
+    return t_interval([b[s] - a[s] for s in sorted(set(a) & set(b))])
 
 
 def welch(a, b):
@@ -321,11 +330,11 @@ def indistinguishable(runs, optimizer, momentum) -> list[float]:
     return sorted(out)
 
 
-def gap_difference_at(runs, first, first_lr, second, second_lr, momenta, seeds):
-    """``first``'s gap at ``first_lr`` minus ``second``'s at ``second_lr``, paired over ``seeds``."""
+def gap_difference_at(runs, first, first_lr, second, second_lr, momenta):
+    """``first``'s gap at ``first_lr`` minus ``second``'s at ``second_lr``, paired over every seed both have."""
     a = gaps(runs, first, first_lr, momenta[first])
     b = gaps(runs, second, second_lr, momenta[second])
-    return t_interval([a[s] - b[s] for s in sorted(seeds) if s in a and s in b])
+    return paired_change(b, a)
 
 
 def scan_margin(runs, optimizer, size, tokens_per_param, momentum):
@@ -392,6 +401,7 @@ def tokens_reads(runs, variant) -> dict[str, dict[int, float]]:
     return {"peak": curve[peak][1], "mid": curve[mid][1], "end": curve[-1][1]}
 
 
-def tokens_closing(runs, variant) -> list[float]:
+def tokens_closing(runs, variant) -> dict[int, float]:
+    """Per seed, the gap at the peak lr minus the gap at the end."""
     reads = tokens_reads(runs, variant)
-    return [reads["peak"][s] - reads["end"][s] for s in sorted(reads["end"])]
+    return {s: reads["peak"][s] - reads["end"][s] for s in sorted(reads["end"])}

@@ -80,10 +80,9 @@ def recomputed(folder: Path) -> dict[str, str]:
         ratio, rci = R.paired_ratio(g["adamw"], g["muon"])
         assert _close(ratio, diff["ratio"]["ratio"]) and _same_interval(rci, diff["ratio"]["ci"])
         quoted["adamw / muon gap ratio"] = _ratio(ratio, rci)
-        seeds = range(json.loads((folder / "reproduce.json").read_text())["llm"]["seeds"])
         for pair in parts["optimizers"]["lr_robustness"]["adamw-muon"]["pairs"]:
             la, lb = pair["lrs"]
-            m, ci = R.gap_difference_at(runs, "adamw", la, "muon", lb, MOMENTUM, seeds)
+            m, ci = R.gap_difference_at(runs, "adamw", la, "muon", lb, MOMENTUM)
             assert _close(m, pair["mean"]) and _same_interval(ci, pair["ci"]), pair["lrs"]
             quoted[f"adamw - muon gap at {la:g}/{lb:g}"] = _gap(m, ci)
     if "mitigations" in parts:
@@ -182,15 +181,14 @@ def recomputed(folder: Path) -> dict[str, str]:
                 got = e["reads"][read]["gap"]
                 assert _close(m, got["mean"]) and _same_interval(ci, got["ci"]), (variant, read)
                 quoted[f"tokens {e['size']} {e['tokens_per_param']:g} {e['kind']} {read}"] = _gap(m, ci)
-            m, ci = R.t_interval(R.tokens_closing(runs, variant))
+            m, ci = R.t_interval(list(R.tokens_closing(runs, variant).values()))
             assert _close(m, e["closing"]["mean"]) and _same_interval(ci, e["closing"]["ci"]), variant
             quoted[f"tokens {e['size']} {e['tokens_per_param']:g} {e['kind']} closing"] = _gap(m, ci)
             assert _close(R.mean(list(reads["end"].values())), e["gap"]["mean"])
-        for sep in part["separations"]:
-            a, b = ([v for v in (R.tokens_closing(runs, v) if sep["quantity"] == "closing"
-                                 else R.tokens_reads(runs, v)["end"].values())]
+        for sep in part["separations"]:  # paired by seed: both points' runs of a seed share its init
+            a, b = (R.tokens_closing(runs, v) if sep["quantity"] == "closing" else R.tokens_reads(runs, v)["end"]
                     for v in (_tokens_variant(sep["size"], sep["from"]), _tokens_variant(sep["size"], sep["to"])))
-            d, ci = R.welch(a, b)
+            d, ci = R.paired_change(a, b)
             assert _close(d, sep["delta"]) and _same_interval(ci, sep["ci"]), (sep["size"], sep["name"])
             quoted[f"tokens {sep['size']} {sep['name']}"] = _gap(d, ci)
     if "toy" in parts:
@@ -210,9 +208,11 @@ def recomputed(folder: Path) -> dict[str, str]:
                 d = [per[s] - fixed[s] for s in per if s in fixed]
                 m, ci = R.t_interval(d)
                 quoted[f"{row['optimizer']} uniform-0-4 - tau-2"] = _gap(m, ci)
-                g2 = R.mean(list(fixed.values()))
-                quoted[f"{row['optimizer']} uniform-0-4 - tau-2 share"] = (f"{100 * ci[0] / g2:+.0f}% to "
-                                                                           f"{100 * ci[1] / g2:+.0f}%")
+                # as a share of tau = 2's gap: Fieller's interval of the ratio of the paired means
+                seeds = sorted(set(per) & set(fixed))
+                r, rci = R.fieller([per[s] - fixed[s] for s in seeds], [fixed[s] for s in seeds])
+                quoted[f"{row['optimizer']} uniform-0-4 - tau-2 share"] = (
+                    f"{100 * r:+.0f}% [{100 * rci[0]:+.0f}%, {100 * rci[1]:+.0f}%] (95% Fieller)")
             if "recovered" in row:
                 rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
                                             sync_variant)
@@ -277,11 +277,11 @@ def test_every_stored_verdict_follows_the_one_rule(folder):
 @pytest.mark.parametrize("name", ["cpu-small", "cpu-quick"])
 def test_the_order_claim_is_held_to_every_indistinguishable_lr(name):
     """Finding 1's AdamW-Muon order at every pair of lrs the sync data cannot tell from each optimum,
-    recomputed from runs.jsonl; the verdict is undetermined unless every pair's state is the same."""
+    recomputed from runs.jsonl over every seed the pair shares (the best cells have the power rule's
+    extra seeds); the verdict is undetermined unless every pair's state is the same."""
     folder = ROOT / "docs" / "reproduce" / name
     rep = json.loads((folder / "report.json").read_text())
     runs = R.load(folder / rep["runs_file"])
-    seeds = range(json.loads((folder / "reproduce.json").read_text())["llm"]["seeds"])
     part = next(p for p in rep["parts"] if p["key"] == "optimizers")
     near = {o: R.indistinguishable(runs, o, MOMENTUM[o]) for o in ("adamw", "muon")}
     for row in part["rows"]:
@@ -291,8 +291,10 @@ def test_the_order_claim_is_held_to_every_indistinguishable_lr(name):
     assert [p["lrs"] for p in stored] == [[a, b] for a in near["adamw"] for b in near["muon"]]
     states = set()
     for p in stored:
-        m, ci = R.gap_difference_at(runs, "adamw", p["lrs"][0], "muon", p["lrs"][1], MOMENTUM, seeds)
+        m, ci = R.gap_difference_at(runs, "adamw", p["lrs"][0], "muon", p["lrs"][1], MOMENTUM)
         assert _close(m, p["mean"]) and _same_interval(ci, p["ci"]), p["lrs"]
+        a, b = (R.gaps(runs, o, lr, MOMENTUM[o]) for o, lr in zip(("adamw", "muon"), p["lrs"]))
+        assert p["n"] == len(set(a) & set(b)) and p["seeds"] == sorted(set(a) & set(b)), p["lrs"]
         states.add(_rule(ci, (0, None)))
     v = next(v for v in part["verdicts"] if v["claim"] == "adamw degrades more than muon")
     assert v["score"]["lr_dependent"] == (len(states) > 1)

@@ -112,23 +112,55 @@ def test_gap_along_the_run_and_its_reads_equal_a_hand_computation(part, kind, ra
         assert r["closing"]["ci"][0] > 0
 
 
-def test_separations_are_welch_differences_of_the_right_points(part):
+def test_separations_are_paired_differences_of_the_right_points(part):
+    """Two points of one size share their seeds (a seed fixes the init), so a separation is the per-seed
+    difference with scipy's one-sample t interval; scored in its direction at every near-optimal lr pair."""
     rows = {(r["tokens_per_param"], r["kind"]): r for r in part["rows"]}
     seps = {s["name"]: s for s in part["separations"]}
-    for name, a, b, q in (("tokens", (0.2, "cosine"), (0.8, "wide"), "gap"),
-                          ("updates", (0.8, "wide"), (0.8, "cosine"), "gap"),
-                          ("decay: final gap", (0.8, "constant"), (0.8, "cosine"), "gap"),
-                          ("decay: closing", (0.8, "constant"), (0.8, "cosine"), "closing")):
-        x, y = rows[a][q]["values"], rows[b][q]["values"]
-        va, vb = np.var(x, ddof=1) / len(x), np.var(y, ddof=1) / len(y)
-        df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
-        half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
-        d = np.mean(y) - np.mean(x)
-        assert seps[name]["delta"] == pytest.approx(d, abs=1e-12)
-        assert seps[name]["ci"] == pytest.approx([d - half, d + half], abs=1e-9)
-        assert seps[name]["sign"] == (0 if d - half <= 0 <= d + half else 1 if d > 0 else -1)
+    for name, a, b, q, region in (("tokens", (0.2, "cosine"), (0.8, "wide"), "gap", [0, None]),
+                                  ("updates", (0.8, "wide"), (0.8, "cosine"), "gap", [None, 0]),
+                                  ("decay: final gap", (0.8, "constant"), (0.8, "cosine"), "gap", [None, 0]),
+                                  ("decay: closing", (0.8, "constant"), (0.8, "cosine"), "closing", [0, None])):
+        assert rows[a]["seed_ids"] == rows[b]["seed_ids"]
+        d = np.subtract(rows[b][q]["values"], rows[a][q]["values"])
+        half = stats.t.ppf(0.975, len(d) - 1) * stats.sem(d)  # the made-up points differ by a constant: sem 0
+        lo, hi = d.mean() - half, d.mean() + half
+        assert seps[name]["delta"] == pytest.approx(d.mean(), abs=1e-12)
+        assert seps[name]["ci"] == pytest.approx([lo, hi], abs=1e-9)
+        assert seps[name]["n"] == len(d) and seps[name]["region"] == region
+        assert seps[name]["sign"] == (0 if lo <= 0 <= hi else 1 if lo > 0 else -1)
+        assert sum(seps[name]["lr_states"].values()) == len(rows[a]["at_near_lrs"]) * len(rows[b]["at_near_lrs"])
     # the made-up decay closes the gap: the cosine run ends with the smaller gap, resolved
     assert seps["decay: final gap"]["sign"] == -1 and seps["decay: closing"]["sign"] == 1
+
+
+def test_a_separation_is_undetermined_when_a_near_optimal_lr_pair_disagrees():
+    """The lr-robustness rule: resolved at the optima but not at another lr pair the data cannot tell
+    from them -> undetermined (lr-dependent); every pair resolved -> agrees."""
+    from delaylab.reproduce.presets import get_preset
+
+    p = get_preset("ci-tokens")
+    t = p.tokens
+    lo, hi = min(t.ratios), max(t.ratios)
+
+    def point(gaps, other):  # at the optima `gaps`; at a second near-optimal lr pair `other`
+        seeds = [0, 1, 2]
+        g = {"values": gaps, "mean": float(np.mean(gaps))}
+        return {"seed_ids": seeds, "gap": g, "closing": g, "censored": {},
+                "at_near_lrs": [{"seed_ids": seeds, "gap": gaps, "closing": gaps},
+                                {"seed_ids": seeds, "gap": other, "closing": other}]}
+
+    table = {(size, r, k): point([0.5, 0.52, 0.49], [0.5, 0.52, 0.49]) for size in t.sizes
+             for r, k in ((lo, "cosine"), (hi, "cosine"), (hi, "constant"))}
+    for size in t.sizes:
+        table[(size, hi, "wide")] = point([0.9, 0.95, 0.93], [0.4, 0.9, 0.2])  # resolved only at the optima
+    seps = {(s["size"], s["name"]): s for s in T.separations(p, table)}
+    s = seps[(t.sizes[0], "tokens")]
+    assert s["ci"][0] > 0 and s["state"] == "undetermined" and len(s["lr_states"]) > 1
+    for size in t.sizes:
+        table[(size, hi, "wide")] = point([0.9, 0.95, 0.93], [0.91, 0.94, 0.95])
+    s = {(x["size"], x["name"]): x for x in T.separations(p, table)}[(t.sizes[0], "tokens")]
+    assert s["state"] == "agrees" and s["lr_states"] == {"agrees": 4}
 
 
 def test_read_points_on_a_run_whose_validations_miss_the_warmup_and_the_middle():

@@ -26,5 +26,7 @@ def test_notebook_executes(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert Path(text.strip().splitlines()[-1]).resolve() == Path(sys.executable).resolve()
     assert "Adam beta1=0.9: stable eta*lambda < 38 (sync), < 1 (delay 1)" in text
-    assert "L     exact 64.000" in text and "(lower," in text
+    assert "L     exact 64.000" in text and "(lower," in text and "curvature" in text
+    assert "weights unchanged by the estimation: True" in text
+    assert "refused: sgdm-delayed needs L, G0 and rho in the euclidean norm" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)

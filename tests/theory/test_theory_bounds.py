@@ -196,6 +196,74 @@ def test_theorem_1_holds_for_muon_on_the_logdet_problem():
     assert mean + 3 * se <= tuned.value
 
 
+@pytest.mark.parametrize("beta1,beta2,tau", [(0.9, 0.99, 0), (0.9, 0.99, 1), (0.5, 0.9, 2)])
+def test_lions_momentum_error_is_met_with_equality_in_the_drift_phase(beta1, beta2, tau):
+    # Lion's direction c_t = beta1 m_{t-1} + (1-beta1) g_t: its lag is beta1/(1-beta2) (docs/theory.md#lion)
+    L, eta = 2.0, 1e-3
+    r = run_lmo(lambda x: L * x, np.array([500.0]), eta, beta2, 4000, tau, "sign", seeds=1, lion_beta1=beta1)
+    err = r["c"][-1, 0, 0] - L * r["x"][-1, 0, 0]
+    assert err / (L * eta) == pytest.approx(beta1 / (1 - beta2) + tau, abs=1e-6)
+    bound = lmo_bound(tau, lion_beta1=beta1)
+    assert bound.term_dict["momentum"].subs(S.beta, sp.nsimplify(beta2)) == \
+        2 * S.L * S.eta * sp.nsimplify(beta1) / (1 - sp.nsimplify(beta2))
+
+
+def test_lion_weights_from_their_sums_and_nesterov_as_a_special_case():
+    from delaylab.theory.bounds import lion_weights, momentum_weights
+
+    b1, b = 0.8, 0.95
+    w = np.array([1 - b1] + [b1 * (1 - b) * b ** (j - 1) for j in range(1, 4000)])
+    lag, noise, start = lion_weights(b1)
+    sub = {S.beta: b}
+    assert w.sum() == pytest.approx(1.0, abs=1e-12)
+    assert float(lag.subs(sub)) == pytest.approx((np.arange(w.size) * w).sum(), rel=1e-10)
+    assert float(noise.subs(sub)) == pytest.approx((w**2).sum(), rel=1e-10)
+    # the weight missing at step t of the zero-initialised buffer is start * beta^t
+    for t in (0, 10, 100):
+        assert 1 - w[:t + 1].sum() == pytest.approx(float(start) * b**t, rel=1e-9)
+    # Nesterov is Lion with beta1 = beta^2: the same lag, noise and start-up
+    nl, nn, p = momentum_weights(True)
+    ll, ln, ls = lion_weights(sp.Rational(81, 100))
+    for a, c in ((nl, ll), (nn, ln), (S.beta**p, ls)):
+        assert float(a.subs(S.beta, sp.Rational(9, 10))) == pytest.approx(float(sp.sympify(c).subs(
+            S.beta, sp.Rational(9, 10))), rel=1e-12)
+
+
+@pytest.mark.parametrize("tau", [0, 2])
+def test_theorem_1_holds_for_lion_on_the_cauchy_problem(tau):
+    d, T, beta1, beta2, eta = 16, 1500, 0.5, 0.9, 0.01
+    x0 = np.full(d, 3.0)
+    c = _cauchy_constants("sign", d, x0, sigma=1.0)
+    ev = evaluate(lmo_bound(tau, norm="sign", lion_beta1=beta1), **c, T=T, eta=eta, beta=beta2, tau=tau)
+    r = run_lmo(cauchy_grad, x0, eta, beta2, T, tau, "sign", sigma=1.0, seeds=16, lion_beta1=beta1)
+    per_seed = dual_norm(r["x"].reshape(-1, d), "sign").reshape(T, -1).mean(axis=0)
+    mean, se = mean_and_se(per_seed)
+    assert mean + 3 * se <= ev.value
+
+
+@pytest.mark.parametrize("norm,tau", [("l2", 1), ("sign", 2)])
+def test_a_schedule_is_bounded_at_the_largest_step_and_the_effective_horizon(norm, tau):
+    """docs/theory.md#step-size-schedules: the eta_t-weighted mean of E||grad f(x_t)||_* is at most the
+    bound at eta_max and T_eff = sum_t eta_t / eta_max."""
+    d, T, beta, peak = 16, 1500, 0.9, 0.05
+    warm = T // 20
+    etas = np.array([peak * (k + 1) / warm if k < warm else
+                     peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (k - warm) / (T - 1 - warm))))
+                     for k in range(T)])
+    x0 = np.full(d, 3.0)
+    c = _cauchy_constants(norm, d, x0, sigma=1.0)
+    r = run_lmo(cauchy_grad, x0, None, beta, T, tau, norm, sigma=1.0, seeds=16, etas=etas)
+    g = dual_norm(r["x"].reshape(-1, d), norm).reshape(T, -1)
+    per_seed = (etas[:, None] * g).sum(axis=0) / etas.sum()
+    mean, se = mean_and_se(per_seed)
+    T_eff = etas.sum() / etas.max()
+    bound = evaluate(lmo_bound(tau), **c, T=T_eff, eta=etas.max(), beta=beta, tau=tau).value
+    assert mean + 3 * se <= bound
+    # the unweighted bound at the mean step would not be a theorem; the weighted one is tighter than
+    # the same bound at the full horizon T would suggest only through T_eff <= T
+    assert T_eff < T
+
+
 @pytest.mark.parametrize("norm,tau", [("l2", 1), ("l2", 2), ("sign", 1)])
 def test_ef_bound_holds_with_the_measured_drift_at_both_points(norm, tau):
     d, T, eta, beta = 16, 1500, 0.01, 0.95

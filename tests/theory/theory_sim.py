@@ -73,8 +73,11 @@ def lmo(m, norm):
 # --- the delayed momentum-LMO recursion --------------------------------------------------
 
 def run_lmo(grad, x0, eta, beta, T, tau=0, norm="l2", sigma=0.0, seeds=8, seed=0,
-            ef=False, nesterov=False):
+            ef=False, nesterov=False, lion_beta1=None, etas=None):
     """Run S seeds of delayed momentum-LMO (m_{-1} = 0); returns a dict of recorded arrays.
+
+    ``lion_beta1``: Lion's direction c_t = beta1 m_{t-1} + (1-beta1) g_t (then m_t = EMA_beta);
+    ``etas``: a step size per update (a schedule) in place of ``eta``.
 
     ``x``: real iterates x_0..x_{T-1}; ``y``: the points the applied gradients were taken at;
     ``w``: the virtual sequence w_t = x_t - tau eta d_{t-1} (EF; w = x without EF);
@@ -91,9 +94,14 @@ def run_lmo(grad, x0, eta, beta, T, tau=0, norm="l2", sigma=0.0, seeds=8, seed=0
     for t in range(T):
         y = hist[max(t - tau, 0)]
         g = grad(y) + rng.normal(0.0, sigma / np.sqrt(dim), size=x.shape)
-        m = beta * m + (1 - beta) * g
-        c = beta * m + (1 - beta) * g if nesterov else m
+        if lion_beta1 is not None:
+            c = lion_beta1 * m + (1 - lion_beta1) * g
+            m = beta * m + (1 - beta) * g
+        else:
+            m = beta * m + (1 - beta) * g
+            c = beta * m + (1 - beta) * g if nesterov else m
         d = lmo(c, norm)
+        eta = eta if etas is None else etas[t]
         rec["x"].append(x.copy())
         rec["y"].append(y)
         rec["w"].append(x - tau * eta * d_prev if ef else x.copy())

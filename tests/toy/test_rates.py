@@ -82,6 +82,10 @@ def test_planted_wrong_constant_fails_the_bound_check(problem, method, correctio
     assert r["constants"]["L"] == wrong
     assert r["bound_holds"] is False and r["holds"] is False
     assert max(q["ratio"] for q in r["points"]) > 1
+    from delaylab.toy.report import render_rates, verdict
+
+    assert verdict(r) == ("bound fails, slope check holds" if r["slope_holds"] else "bound and slope check fail")
+    assert f"verdict: {verdict(r)}" in render_rates(r)
 
 
 def test_plateau_start_fails_the_slope_check_while_the_bound_holds():
@@ -90,6 +94,10 @@ def test_plateau_start_fails_the_slope_check_while_the_bound_holds():
     assert r["bound_holds"] is True
     assert r["slope_holds"] is False and r["holds"] is False
     assert r["slope"] > r["exponent"] + r["tolerance"]
+    # The text says which part failed, not a bare "NO".
+    from delaylab.toy.report import render_rates
+
+    assert render_rates(r).splitlines()[-1].startswith("verdict: bound holds, slope check fails")
 
 
 def test_interval_and_slope_against_hand_values():
@@ -100,6 +108,24 @@ def test_interval_and_slope_against_hand_values():
     assert interval(torch.tensor([7.0]))[1:] == (7.0, 7.0)
     ts = [10, 100, 1000, 10000]
     assert loglog_slope(ts, [3 * t**-0.25 for t in ts]) == pytest.approx(-0.25)
+
+
+def test_interval_is_the_reports_t_interval():
+    """The toy checks' interval is delaylab.stats' (one t interval in the project), with the numbers
+    of the torch formula it replaced (float64 torch std, scipy's t quantile) to 1e-12 relative."""
+    from scipy.stats import t as student
+
+    from delaylab.stats import t_interval
+
+    gen = torch.Generator().manual_seed(3)
+    for n in (2, 3, 8, 16):
+        x = torch.randn(n, generator=gen, dtype=torch.float64) * 5 + 2
+        mean, lo, hi = interval(x)
+        half = float(student.ppf(0.975, n - 1)) * float(x.std()) / math.sqrt(n)
+        assert mean == pytest.approx(float(x.mean()), rel=1e-12, abs=0)
+        assert (lo, hi) == pytest.approx((float(x.mean()) - half, float(x.mean()) + half), rel=1e-12, abs=0)
+        assert [lo, hi] == t_interval(x.tolist())
+        assert interval(x, 0.9)[2] - interval(x, 0.9)[1] < hi - lo
 
 
 def test_delay_cost_trends_measured_and_predicted():

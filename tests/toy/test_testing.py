@@ -90,3 +90,28 @@ def test_corrections_choose_the_checked_runs():
     assert [line.split()[1] for line in str(info.value).splitlines()[2:]] == ["tau=1", "tau=1+EF"]
     assert "FAIL" in str(info.value).splitlines()[2] and "ok" in str(info.value).splitlines()[3]
     assert_delay_robust(adamw, max_cost=1.1, corrections=("ef",), **kw)  # ... and EF brings it within
+
+
+def test_pytest_shows_the_table_not_the_helpers_source(tmp_path):
+    """A failing CI test reads: the test's own line, then the table. The helper's frames are hidden
+    (``__tracebackhide__``), so none of delaylab/testing.py's source lines are printed."""
+    import subprocess
+    import sys
+
+    import delaylab.testing
+
+    (tmp_path / "test_fragile.py").write_text(
+        "import torch\nfrom delaylab.testing import assert_delay_robust\n\n"
+        "def test_fragile():\n"
+        "    assert_delay_robust(lambda p: torch.optim.SGD(p, lr=0.2, momentum=0.99), problems=('logdet',),\n"
+        "                        steps=(25, 50), seeds=2)\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_fragile.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300).stdout
+    assert "1 failed" in out and "is not delay-robust: 1 of 2 checks failed" in out
+    helper = {line.strip() for line in Path(delaylab.testing.__file__).read_text().splitlines() if len(line.strip()) > 12}
+    shown = [line for line in out.splitlines() if line.strip() in helper]
+    assert not shown, shown
+    # The table follows the test's line directly.
+    lines = out.splitlines()
+    call = next(i for i, line in enumerate(lines) if line.startswith(">") and "assert_delay_robust(" in line)
+    assert "is not delay-robust" in next(line for line in lines[call + 1:] if line.startswith("E "))

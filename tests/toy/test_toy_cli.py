@@ -55,7 +55,7 @@ def test_rates_json_contract(capsys, tmp_path):
 
 def test_rates_default_problem_is_the_matrix_problem(capsys):
     rc, out, _ = run_cli(capsys, "toy", "rates", "--method", "lmo-spectral", "--T", "30", "--seeds", "2")
-    assert rc == 0 and "rates: logdet, lmo-spectral" in out and "holds:" in out
+    assert rc == 0 and "rates: logdet, lmo-spectral" in out and "\nverdict: " in out
 
 
 def test_suite_writes_table_and_figure(capsys, tmp_path):
@@ -195,6 +195,29 @@ def test_profile_registry_method_gives_toy_rates_numbers(capsys):
         assert all(p["beta"] == 0.9 for p in rates["points"])
 
 
+def test_profile_bound_check_says_which_part_failed(capsys):
+    """The docs' `toy profile --optimizer lmo-spectral` example (reduced grid): each bound-check line
+    ends with the verdict of its two parts, "bound holds, slope check fails" where only the slope
+    fails, never a bare "NO"."""
+    from delaylab.toy.report import verdict
+
+    argv = ["toy", "profile", "--optimizer", "lmo-spectral", "--kwargs", '{"lr": 1, "beta": 0.9}', *PROFILE_FAST[2:],
+            "--problems", "logdet", "--T", "25,100"]
+    rc, out, _ = run_cli(capsys, *argv, "--json")
+    checks = json.loads(out)["bound_check"]
+    rc2, text, _ = run_cli(capsys, *argv)
+    assert rc == rc2 == 0 and len(checks) == 2
+    lines = [line for line in text.splitlines() if line.startswith("bound check ")]
+    assert len(lines) == 2 and "NO" not in text
+    for c, line in zip(checks, lines):
+        assert line.endswith(": " + verdict(c)) and c["bound_holds"] is True
+    # Measured on this grid: the bound holds at every T and the fitted slope is above -1/4 + 0.1.
+    assert checks[0]["slope_holds"] is False and lines[0].endswith("bound holds, slope check fails")
+    assert [verdict({"bound_holds": b, "slope_holds": s}) for b, s in ((True, True), (False, True), (False, False))] \
+        == ["holds", "bound fails, slope check holds", "bound and slope check fail"]
+    assert verdict({"bound_holds": None, "slope_holds": True}) == "no bound"
+
+
 def test_profile_text_json_files_and_figure(capsys, tmp_path):
     argv = ["toy", "profile", "--optimizer", "torch.optim:SGD", "--kwargs", '{"lr": 0.05, "momentum": 0.9}',
             "--problems", "logdet", "--delays", "1", "--lr-scales", "0.5,1", "--T", "20,40", "--seeds", "2"]
@@ -253,6 +276,35 @@ def test_load_optimizer():
                         ("torch.optim", "package.module:factory"), ("math:pi", "not a callable")):
         with pytest.raises(ConfigError, match=match):
             load_optimizer(spec)
+
+
+def test_console_script_imports_a_factory_from_the_working_directory(tmp_path):
+    """`delaylab toy profile --optimizer mymod:make` run from the folder holding mymod.py, with the
+    console script (whose sys.path starts at its bin folder, not the working directory), imports
+    mymod as `python -m delaylab` does; no PYTHONPATH needed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    work, bindir = tmp_path / "project", tmp_path / "bin"
+    work.mkdir()
+    bindir.mkdir()
+    (work / "mymod.py").write_text("import torch\n\ndef make(params):\n"
+                                   "    return torch.optim.SGD(params, lr=0.05, momentum=0.9)\n")
+    # What pip writes for [project.scripts] delaylab = "delaylab.cli:main", in a folder of its own.
+    script = bindir / "delaylab"
+    script.write_text("import sys\nfrom delaylab.cli import main\nsys.exit(main())\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    import delaylab
+
+    env["PYTHONPATH"] = str(Path(delaylab.__file__).parents[1])  # this checkout's delaylab, nothing else
+    argv = ["toy", "profile", "--optimizer", "mymod:make", "--problems", "logdet", "--delays", "1", "--no-ef",
+            "--lr-scales", "1", "--T", "20", "--seeds", "2", "--no-stability", "--json"]
+    run = subprocess.run([sys.executable, str(script), *argv], cwd=work, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["optimizer"] == "mymod:make"
 
 
 # -- the progress total ---------------------------------------------------------------------------

@@ -33,6 +33,27 @@ class TrainFolder(RunFolder):
         # What the loop carries across a resume (saved inside the checkpoint).
         self.state.update({"window": [0.0, 0], "train_time": 0.0, "val_loss": None, "train_loss": None})
 
+    def check_new(self) -> None:
+        """Refuse a folder that holds a run. A config.json alone that describes this run is a run that
+        never started (its launcher writes it before any process begins, :func:`~delaylab.llm.run.setup.
+        claim_folder`): new, so the command that made it can run again."""
+        if self.out is not None and (self.out / CONFIG).is_file() and \
+                not any((self.out / n).exists() for n in self.marks if n != CONFIG):
+            try:
+                if not self.cfg.differences(json.loads((self.out / CONFIG).read_text())):
+                    return
+            except (ValueError, ConfigError):  # not a config of this run: the guard below refuses
+                pass
+        super().check_new()
+
+    def finished_run(self) -> dict | None:
+        """The summary of this config's run if the folder holds it finished: nothing to resume. A
+        folder whose config.json is another config's is refused (one line), finished or not."""
+        if self.out is not None and (self.out / CONFIG).is_file():
+            self.check_same_run(require_folder(self.out))
+        done = self.finished_summary()
+        return done if done is not None and done.get("steps") == self.cfg.run.steps else None
+
     def check_same_run(self, saved: dict, where: Path | None = None) -> None:
         """``saved`` (a checkpoint's config) must describe this run, resumable fields aside."""
         diff = self.cfg.differences(saved)
@@ -42,7 +63,7 @@ class TrainFolder(RunFolder):
     def open(self, loop_state: dict | None = None, *, initial: int = 0, desc: str = "") -> None:
         """Start (or, with the checkpoint's ``loop_state``, continue) the metrics and the bar."""
         run, self.config = self.cfg.run, self.cfg.to_dict()
-        super().open(loop_state, total=run.steps, initial=initial, desc=desc, log=run.log,
+        super().open(loop_state, total=run.steps, initial=initial, desc=desc, log=run.log, unit="update",
                      progress=run.progress if self.writer else False)
 
     # -- during the run -------------------------------------------------------------------------
@@ -62,7 +83,7 @@ class TrainFolder(RunFolder):
 
     def postfix(self, rec: dict) -> dict:
         tokens_s = rec["tokens"] / max(rec.get("time", 0.0), 1e-9) if "tokens" in rec else None
-        return {"loss": f"{rec['train_loss']:.3f}", **({"tok_s": f"{tokens_s:.0f}"} if tokens_s else {})}
+        return {"loss": f"{rec['train_loss']:.3f}", **({"tokens/s": f"{tokens_s:.0f}"} if tokens_s else {})}
 
     def loop_state(self, extra_time: float = 0.0) -> dict:
         """A copy of the loop state for a checkpoint (``extra_time``: this session's time so far)."""

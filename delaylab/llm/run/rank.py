@@ -36,7 +36,8 @@ from delaylab.llm.pipeline.p2p import P2P
 from delaylab.llm.pipeline.schedules import Schedule
 from delaylab.llm.pipeline.stages import Stage, optimizer_factory
 from delaylab.llm.pipeline.timeline import Event, Timeline, plot_timeline
-from delaylab.llm.run.setup import Setup, check_folder, checkpoint_at, load_data, logs_at, open_run, resolve
+from delaylab.llm.run.setup import (Setup, check_folder, checkpoint_at, claim_folder, load_data, logs_at, open_run,
+                                    resolve)
 
 
 @preemptible
@@ -202,7 +203,7 @@ def _launch(jobs: list[tuple[Config, str | os.PathLike, bool, int | None]]) -> l
     for cfg, out, resume, _ in jobs:
         check_folder(cfg, out, resume, stages=P)
         load_data(cfg)  # tokenized (and cached) once here, not in every rank
-        Path(out).mkdir(parents=True, exist_ok=True)
+        claim_folder(cfg, out, resume, stages=P)  # config.json before any rank starts
     specs = [(cfg.to_dict(), str(out), resume, stop) for cfg, out, resume, stop in jobs]
     summaries = launch(_ranks, (specs,), stages=P, dp=D, what="pipeline")[P - 1]  # the last stage of replica 0
     if summaries and summaries[-1]["status"] == "preempted":
@@ -233,6 +234,10 @@ def train_pipeline(cfg: Config, out: str | os.PathLike, *, resume: bool = False,
     cfg = resolve(cfg, "pipeline")
     if stop_at is not None and stop_at < 1:
         raise ConfigError(f"stop_at must be >= 1, got {stop_at}")
+    if resume:
+        done = TrainFolder(cfg, out).finished_run()
+        if done is not None:  # nothing to run: no rank is started
+            return done
     return _launch([(cfg, out, resume, stop_at)])[0]
 
 

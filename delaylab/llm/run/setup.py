@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from delaylab.errors import ConfigError
+from delaylab._io import write_json
+from delaylab.errors import ConfigError, WriteFailed, cannot_write
 from delaylab.llm import checkpoint
 from delaylab.llm.config import Config
 from delaylab.llm.data import load_dataset
@@ -183,7 +184,8 @@ def checkpoint_at(step: int, end: int, cfg: Config) -> bool:
 
 def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int) -> None:
     """Raise (one line) unless ``out`` can take a new run, or holds a resumable run of ``cfg``: what a
-    launcher checks before any process starts."""
+    launcher checks before any process starts. A run to resume needs its config.json; without a
+    complete checkpoint it starts again from update 0 (it stopped before its first one)."""
     out = Path(out)
     run = TrainFolder(cfg, out, marks=checkpoint.MARKS)
     run.check_writable()
@@ -193,12 +195,39 @@ def check_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int)
     if (out / CONFIG).is_file():
         run.check_same_run(require_folder(out))
     root = out / checkpoint.ROOT
-    checkpoint.verify(root, checkpoint.require_latest(root, stages), stages)
+    step = resume_step(root, stages, out)
+    if step is not None:
+        checkpoint.verify(root, step, stages)
+
+
+def claim_folder(cfg: Config, out: str | os.PathLike, resume: bool, stages: int) -> None:
+    """Check ``out`` (:func:`check_folder`) and, for a new run, write its config.json, before any
+    process starts: a run killed in its start-up, before its first checkpoint, leaves a folder that
+    ``--resume`` takes (from update 0) and that the command which made it still accepts
+    (:meth:`TrainFolder.check_new`). The caller has checked the config and the data."""
+    check_folder(cfg, out, resume, stages)
+    if not resume:
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            write_json(Path(out) / CONFIG, cfg.to_dict())
+        except OSError as err:
+            raise WriteFailed(cannot_write(out, err)) from None
+
+
+def resume_step(root: Path, stages: int, out: Path | None = None) -> int | None:
+    """The newest complete checkpoint under ``root`` to continue from; None where there is none in a
+    folder ``out`` that holds the run's config.json (the run starts again from update 0), else a
+    one-line error."""
+    step = checkpoint.latest_complete(root, stages)
+    if step is None and (out is None or not (Path(out) / CONFIG).is_file()):
+        checkpoint.require_latest(root, stages)  # raises: no run to resume
+    return step
 
 
 def open_run(setup: Setup, out, *, writer: bool, resume: bool):
     """The run folder, this stage's checkpoints and (``resume``) its part of the newest complete step:
-    ``(TrainFolder, Checkpoints, part or None)``. The writer checks a new folder; the others wait."""
+    ``(TrainFolder, Checkpoints, part or None)``; None also for a resume of a run that stopped before
+    its first checkpoint (it starts again). The writer checks a new folder; the others wait."""
     cfg, mesh = setup.cfg, setup.mesh
     run = TrainFolder(cfg, out, writer=writer, marks=checkpoint.MARKS)
     ckpts = checkpoint.Checkpoints(run.out, setup.stages, setup.stage, mesh.dp_group if mesh is not None else None)
@@ -206,11 +235,15 @@ def open_run(setup: Setup, out, *, writer: bool, resume: bool):
     if resume:
         if ckpts.root is None:
             raise ConfigError("resume needs the run's folder")
-        step = checkpoint.require_latest(ckpts.root, setup.stages)
-        checkpoint.verify(ckpts.root, step, setup.stages)  # a damaged part: one line naming what is wrong
-        part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
-        run.check_same_run(part["config"], ckpts.root)
-        ckpts.drop_after(step)
+        step = resume_step(ckpts.root, setup.stages, run.out)
+        if step is None:
+            run.check_same_run(require_folder(run.out))
+            ckpts.drop_after(0)  # parts of a first checkpoint that was never completed
+        else:
+            checkpoint.verify(ckpts.root, step, setup.stages)  # a damaged part: one line naming what is wrong
+            part = ckpts.load(step, mesh.dp_mesh if mesh is not None and cfg.parallel.dp_shard else None)
+            run.check_same_run(part["config"], ckpts.root)
+            ckpts.drop_after(step)
     elif run.writer:
         run.check_new()
     barrier()

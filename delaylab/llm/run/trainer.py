@@ -33,11 +33,11 @@ from delaylab.llm.distributed.preempt import StopGate, preemptible
 from delaylab.llm.distributed.world import barrier, mean
 from delaylab.llm.distributed.wrap import gradient_sync, wrap
 from delaylab.llm.checkpoint import rng_state, set_rng_state
-from delaylab.llm.run.folder import summary_base
+from delaylab.llm.run.folder import TrainFolder, summary_base
 from delaylab.llm import mfu
 from delaylab.llm.model import autocast, compile_blocks, eager_blocks, moe_load
-from delaylab.llm.run.setup import (Setup, build_delayed_optimizer, check_folder, checkpoint_at, load_data, logs_at,
-                                    open_run, resolve)
+from delaylab.llm.run.setup import (Setup, build_delayed_optimizer, checkpoint_at, claim_folder, load_data,
+                                    logs_at, open_run, resolve)
 
 WARMUP_UPDATES = 3  # a session's first updates (allocations, compilation) are left out of its tokens/s
 
@@ -413,10 +413,14 @@ def train_replicas(jobs: list[tuple[Config, str | os.PathLike | None]] | Config,
     sizes = {cfg.parallel.dp for cfg, _ in jobs}
     if len(sizes) != 1:
         raise ConfigError(f"train_replicas needs one replica count for all jobs, got {sorted(sizes)}")
+    if single and resume and out is not None:
+        done = TrainFolder(jobs[0][0], out).finished_run()
+        if done is not None:  # nothing to run: no replica is started
+            return done
     for cfg, folder in jobs:  # what a replica would refuse, refused here, once (the config: by resolved)
         load_data(cfg)
         if folder is not None:
-            check_folder(cfg, folder, resume, stages=1)
+            claim_folder(cfg, folder, resume, stages=1)  # config.json before any replica starts
     specs = [(cfg.to_dict(), None if folder is None else str(folder), resume, stop_at) for cfg, folder in jobs]
     summaries = launch(_replicas, (specs,), dp=sizes.pop(), what="data-parallel run")[0]
     if summaries[-1]["status"] == "preempted":

@@ -1,6 +1,6 @@
-"""The NQM's numerical checks at full size (issue 37), for docs/nqm.md.
+"""The NQM's numerical checks at full size, for docs/nqm.md.
 
-``python -m delaylab.reproduce.nqm_checks --out docs/nqm`` writes checks.json and checks.md:
+``python -m delaylab.predict.nqm_checks --out docs/nqm`` writes checks.json and checks.md:
 
 * the exact recursion against a Monte Carlo of the same dynamics (10^5 runs), optimizer x tau x
   correction, on a 4-direction quadratic with a cosine schedule: relative error of the final

@@ -1,9 +1,10 @@
-"""The NQM's predicted delay gap against every delayed cell of the committed reports (issue 37).
+"""The NQM's predicted delay gap against every delayed cell of three committed reports.
 
-``python -m delaylab.reproduce.nqm_score --out docs/nqm`` reads docs/reproduce/{cpu-small,
+``python -m delaylab.predict.nqm_score --out docs/nqm`` reads docs/reproduce/{cpu-small,
 cpu-tokens,cpu-delays}/runs.jsonl and the spectrum files in docs/nqm/ (``delaylab llm spectrum``
 on four committed-style runs: tiny and small GPT, AdamW and Muon, sync), and for each cell that
-is delayed (any delay, any correction) and has sync runs of the same seeds and settings:
+is delayed (any delay, any correction) and has sync runs of the same seeds and settings
+(:mod:`delaylab.predict.cells`, which also measures its gap):
 
 * measured: the end gap, delayed - sync val loss paired by seed, mean and 95% Student-t
   interval; and the gap along the run at each logged eval;
@@ -12,16 +13,18 @@ is delayed (any delay, any correction) and has sync runs of the same seeds and s
   ``diag`` (AdamW & co. exact, fixed diagonal preconditioner), ``diag-eos`` (the same with
   each curve's curvature capped at its own stability limit), ``mc`` (Monte Carlo of the real
   update: AdamW, Muon on a d_model x d_model matrix, sign descent for Lion);
-* scored: inside the interval, the right sign, within a factor 2 (same sign, ratio in [1/2, 2]).
+* scored: inside the interval, the right sign, within a factor 2 (same sign, ratio in [1/2, 2];
+  :func:`delaylab.predict.metrics.per_cell`).
 
-Writes score.json (every cell), table.md and predicted_vs_measured.png under --out.
+Writes score.json (every cell), table.md and predicted_vs_measured.png under --out. The scoring
+harness (:mod:`delaylab.predict.harness`) reads score.json for its NQM baseline and the calibrated
+NQM candidate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -30,57 +33,20 @@ import numpy as np
 from delaylab._io import dumps, write_json
 
 REPORTS = ("cpu-small", "cpu-tokens", "cpu-delays")
-SETTINGS = ("preset", "optimizer", "lr", "momentum", "steps", "batch_size", "block_size", "n_layer", "warmup")
-CORRECTION = {"none": "none", "ef": "ef", "predict": "predict", "ef,predict": "ef+predict"}
+CORRECTION = {"none": "none", "ef": "ef", "predict": "predict", "ef+predict": "ef+predict"}
+# A cell's fields in score.json (besides measured and predicted), and its measured gap's.
+FIELDS = ("report", "variant", "mode", "correction", "delay", "delay_dist", "sync_start", "sync_cooldown",
+          "dc_lambda", "preset", "optimizer", "lr", "momentum", "steps", "batch_size", "block_size", "n_layer",
+          "warmup")
+MEASURED = ("seeds", "gap", "ci", "curve")
 
 
-def cells(root: Path) -> list[dict]:
-    """Delayed cells with their paired sync runs (same report, settings and seeds)."""
-    out = []
-    for report in REPORTS:
-        rows = [json.loads(line) for line in (root / report / "runs.jsonl").read_text().splitlines()]
-        rows = [r for r in rows if r.get("kind") == "gpt"]
-        sync = {}
-        for r in rows:
-            if r["mode"] == "sync":
-                sync.setdefault(tuple(r[k] for k in SETTINGS), {}).setdefault(r["seed"], r)
-        groups = {}
-        for r in rows:
-            if r["mode"] == "sync":
-                continue
-            key = (r["variant"], r["mode"], json.dumps(r["delay"]), r["delay_dist"], r["sync_start"],
-                   r["sync_cooldown"], r["dc_lambda"]) + tuple(r[k] for k in SETTINGS)
-            groups.setdefault(key, []).append(r)
-        for key, runs in groups.items():
-            base = sync.get(tuple(runs[0][k] for k in SETTINGS), {})
-            pairs = [(base[r["seed"]], r) for r in runs if r["seed"] in base]
-            if not pairs:
-                continue
-            out.append({"report": report, "rows": pairs, **{k: runs[0][k] for k in (
-                "variant", "mode", "correction", "delay", "delay_dist", "sync_start", "sync_cooldown", "dc_lambda",
-                *SETTINGS)}})
-    return out
+def cells(reports_dir: Path) -> list[dict]:
+    """Delayed cells with their paired sync runs (same report, settings and seeds) of REPORTS
+    under ``reports_dir`` (:func:`delaylab.predict.cells.cells_of`)."""
+    from delaylab.predict.cells import cells_of, report_runs
 
-
-def measured(cell: dict) -> dict:
-    from scipy import stats
-
-    gaps = np.array([d["val_loss"] - s["val_loss"] for s, d in cell["rows"]])
-    n = gaps.size
-    mean = float(gaps.mean())
-    ci = None
-    if n >= 2:
-        half = stats.t.ppf(0.975, n - 1) * gaps.std(ddof=1) / math.sqrt(n)
-        ci = [mean - half, mean + half]
-    along = {}  # tokens -> gaps, at the evals both runs of a seed logged
-    for s, d in cell["rows"]:
-        sc = dict((t, v) for t, v in (s.get("val_curve") or []))
-        for t, v in d.get("val_curve") or []:
-            if t in sc:
-                along.setdefault(t, []).append(v - sc[t])
-    tokens = cell["rows"][0][1]["tokens"]
-    curve = [[round(t / tokens * cell["steps"]), float(np.mean(g))] for t, g in sorted(along.items()) if len(g) == n]
-    return {"seeds": n, "gap": mean, "ci": ci, "curve": curve}
+    return [c for report in REPORTS for c in cells_of(report, report_runs(Path(reports_dir) / report))]
 
 
 def _delay(cell):
@@ -122,12 +88,10 @@ def predict(cell: dict, spectrum: dict, model: str) -> dict:
 
 
 def score(pred: float | None, meas: dict) -> dict:
-    if pred is None:
-        return {"inside": False, "sign": False, "factor2": False}
-    m, ci = meas["gap"], meas["ci"]
-    ratio = pred / m if m else math.inf
-    return {"inside": bool(ci is not None and ci[0] <= pred <= ci[1]), "sign": bool(np.sign(pred) == np.sign(m)),
-            "factor2": bool(0.5 <= ratio <= 2.0)}
+    from delaylab.predict.metrics import per_cell
+
+    s = per_cell(pred, meas)
+    return {"inside": s["inside"], "sign": s["sign"], "factor2": s["within_x2"]}
 
 
 def main(argv=None) -> int:
@@ -153,8 +117,8 @@ def main(argv=None) -> int:
     results = []
     todo = cells(Path(args.reports))[: args.limit]
     for i, cell in enumerate(todo):
-        meas = measured(cell)
-        row = {k: cell[k] for k in cell if k != "rows"}
+        meas = {k: cell["measured"][k] for k in MEASURED}
+        row = {k: cell[k] for k in FIELDS}
         row["measured"] = meas
         row["predicted"] = {}
         for model in models_for(cell["optimizer"]):

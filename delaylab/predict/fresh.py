@@ -1,0 +1,87 @@
+"""Fresh cells: a grid no predictor has seen, run once after the predictors were frozen.
+
+The committed reports were read while the predictors were designed and chosen (the choice rule
+reads their held-out scores), so their scores there are not a clean test. This grid differs from
+every committed one in three ways at once: delays of 3 and 6 (the reports have 1, 2, 4, 8 and
+per-stage / random delays of mean 0.5 to 3.5), lrs between the reports' factor-2 lattices (a
+factor sqrt 2 off: AdamW 7e-4 and 1.4e-3, Muon 0.014 and 0.028) and a batch of 12 sequences (the
+reports use 4, 8, 16 and 40). The model and length are cpu-delays' (the ``small`` GPT, context
+64, 220 updates); sync, delayed at tau 3 and 6, and EF at tau 3; 4 seeds.
+
+``python -m delaylab.predict.fresh --out DIR`` runs it (resumable, through
+:func:`delaylab.reproduce.runner.run`) and writes ``DIR/runs.jsonl`` through the Ledger's line
+writer (:func:`delaylab.reproduce.ledger.gpt_lines`); ``delaylab predict score --fresh DIR`` scores
+the frozen predictors on it once (fitted on every committed cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from delaylab.llm.sweep import Cell
+from delaylab.reproduce.presets import get_preset
+from delaylab.reproduce.runner import LLMRun
+
+NAME = "fresh"
+FROZEN = "af31e9d1d3f5c77b04b919c4b258ceb72b7dc5a5"  # the commit whose predictors the fresh cells score
+LRS = {"adamw": (7e-4, 1.4e-3), "muon": (0.014, 0.028)}
+MOMENTUM = {"adamw": 0.9, "muon": 0.95}
+DELAYS = {3: ("delayed", "ef"), 6: ("delayed",)}  # tau: its modes
+SEEDS = 4
+BATCH = 12
+
+
+def base() -> dict:
+    """cpu-delays' base config with the fresh batch size."""
+    return {**get_preset("cpu-delays").delays.base, "batch_size": BATCH}
+
+
+def runs(seeds: int = SEEDS, lrs=None, delays=None) -> list[LLMRun]:
+    """Every run of the grid: sync once per (optimizer, lr, seed), each delay's modes beside it."""
+    b = base()
+    out = []
+    for opt, grid in (lrs or LRS).items():
+        for lr in grid:
+            for s in range(seeds):
+                out.append(LLMRun("fresh-sync", b, Cell(opt, "sync", float(lr), MOMENTUM[opt], s), "sync"))
+            for tau, modes in (delays or DELAYS).items():
+                for mode in modes:
+                    for s in range(seeds):
+                        out.append(LLMRun(f"fresh-tau-{tau}", {**b, "delay": tau},
+                                          Cell(opt, mode, float(lr), MOMENTUM[opt], s), mode))
+    return out
+
+
+def run(out, jobs: int = 2, seeds: int = SEEDS, lrs=None, delays=None) -> list[dict]:
+    """Run the grid under ``out`` (finished runs are read) and write ``out/runs.jsonl``."""
+    from delaylab._io import dumps
+    from delaylab.reproduce import ledger, runner
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = runs(seeds, lrs, delays)
+    start = time.perf_counter()
+    counts = runner.run(out, lambda o: todo, workers=jobs)
+    lines = ledger.gpt_lines(NAME, out, todo)
+    (out / ledger.RUNS).write_text("".join(dumps(x) + "\n" for x in lines))
+    with open(out / ledger.SESSIONS, "a") as f:
+        f.write(json.dumps({**counts, "jobs": jobs, "wall_s": round(time.perf_counter() - start, 1)}) + "\n")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="run folder (rerun to resume); runs.jsonl is written there")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=SEEDS)
+    args = ap.parse_args(argv)
+    lines = run(args.out, args.jobs, args.seeds)
+    print(f"{len(lines)} runs in {args.out}/runs.jsonl")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
