@@ -5,11 +5,12 @@ diverged run: kept in ``values``, counted in ``diverged``, left out of every sta
 :mod:`delaylab.llm.metrics` (the run metrics: overheads, recoveries, lr optima), the sweep's
 table and the report (:mod:`delaylab.reproduce.stats` adds the report's own helpers).
 
-Every interval here holds its coverage at the handful of seeds a CPU report has (n = 3 to 10):
-Student-t for means and paired differences, Welch's for two independent means, Fieller's for
-ratios of paired means. The percentile bootstrap, which covers 74% at n = 3 and 81% at n = 4 on
-normal data, is not used. tests/llm/test_interval_coverage.py simulates each at n = 3, 4, 6 on
-normal and skewed data.
+The intervals are the ones whose coverage holds at the handful of seeds a CPU report has (n = 3
+to 10) on normal data: Student-t for means and paired differences, Welch's for two independent
+means, Fieller's for ratios of paired means. The percentile bootstrap, which covers 74% at n = 3
+and 81% at n = 4 on normal data, is not used. Their coverage at n = 3-10 and at the skew the
+committed per-seed values show is simulated by :mod:`delaylab.reproduce.coverage` (the table of
+docs/intervals.md); skew costs them coverage (about 92% at skewness 1.3).
 
 An interval is ``[lo, hi]``; a confidence *set* (``set``) is a list of such pieces with None
 for an infinite end: Fieller's set is one bounded piece, the union of two half-lines, or the
@@ -39,16 +40,6 @@ def sample(values: list) -> dict:
         return {**out, "mean": None, "std": None, "ci": None}
     std = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
     return {**out, "mean": float(np.mean(vals)), "std": std, "ci": t_interval(vals)}
-
-
-# Every interval here holds its coverage at the handful of seeds a CPU report has (n = 3 to 10):
-# Student-t for means and paired differences, Fieller's for ratios of paired means. The
-# percentile bootstrap, which covers 74% at n = 3 and 81% at n = 4 on normal data, is not used.
-# tests/llm/test_interval_coverage.py simulates each at n = 3, 4, 6 on normal and skewed data.
-#
-# An interval is ``[lo, hi]``; a confidence *set* (``set``) is a list of such pieces with None
-# for an infinite end: Fieller's set is one bounded piece, the union of two half-lines, or the
-# whole line, the last two when the denominator's mean is not resolved from 0.
 
 
 def paired(a: dict, b: dict) -> tuple[list, list]:
@@ -83,22 +74,31 @@ def t_interval(values: list, confidence: float = CONFIDENCE) -> list | None:
     return [float(lo), float(hi)]
 
 
-def welch_interval(a: list, b: list, confidence: float = CONFIDENCE) -> list | None:
-    """Welch's t interval of ``mean(b) - mean(a)`` for two independent samples (finite values;
-    None with fewer than two in either): Satterthwaite's degrees of freedom."""
+def welch_bounds(a: np.ndarray, b: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
+    """Welch's t interval of ``mean(b) - mean(a)`` along the last axis of two independent samples
+    (two or more values each), vectorised: Satterthwaite's degrees of freedom; a zero standard
+    error gives the point."""
     from scipy.stats import t as student
 
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    nx, ny = x.shape[-1], y.shape[-1]
+    va, vb = x.var(axis=-1, ddof=1) / nx, y.var(axis=-1, ddof=1) / ny
+    se = np.sqrt(va + vb)
+    d = y.mean(axis=-1) - x.mean(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (va + vb) ** 2 / (va ** 2 / (nx - 1) + vb ** 2 / (ny - 1))
+    half = np.where(se > 0, student.ppf(0.5 + confidence / 2, np.where(se > 0, df, 1.0)) * se, 0.0)
+    return d - half, d + half
+
+
+def welch_interval(a: list, b: list, confidence: float = CONFIDENCE) -> list | None:
+    """Welch's t interval of ``mean(b) - mean(a)`` for two independent samples (finite values;
+    None with fewer than two in either): :func:`welch_bounds`."""
     x, y = (np.asarray([v for v in s if finite(v)], float) for s in (a, b))
     if len(x) < 2 or len(y) < 2:
         return None
-    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se = math.sqrt(va + vb)
-    d = float(y.mean() - x.mean())
-    if se == 0:
-        return [d, d]
-    df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
-    half = float(student.ppf(0.5 + confidence / 2, df)) * se
-    return [d - half, d + half]
+    lo, hi = welch_bounds(x, y, confidence)
+    return [float(lo), float(hi)]
 
 
 def fieller_bounds(num: np.ndarray, den: np.ndarray, confidence: float = CONFIDENCE):

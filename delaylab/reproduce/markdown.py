@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from delaylab.llm.metrics import fmt_overhead
 from delaylab.stats import fmt_set
+from delaylab.reproduce import coverage, selection
 from delaylab.reproduce.findings import mode_label
 from delaylab.reproduce.protocol import recovery_text
 from delaylab.reproduce.report import RUNS
@@ -379,7 +380,11 @@ def markdown(report: dict) -> str:
               "Student-t for means and paired differences, Fieller's for ratios (a recovered share, a gap "
               "ratio, an lr optimum's shift; Fieller's set is unbounded where the denominator is not resolved "
               "from 0). Every lr grid grows by x2 or /2 while its best point is at an edge (at most two steps "
-              "per side); an optimum still at an edge is marked censored.", "",
+              "per side); an optimum still at an edge is marked censored.", ""]
+    coverage_line = coverage.intervals_text(report.get("intervals"))
+    if coverage_line:
+        lines += [coverage_line, ""]
+    lines += [
               "Verdicts, one rule for every claim against its claimed region (a range, a direction, or a point "
               "with a tolerance stated in the preset before any run): **agrees** where the 95% interval lies "
               "inside it, **disagrees** where it lies outside, **undetermined** where it straddles an edge, is "
@@ -388,6 +393,9 @@ def markdown(report: dict) -> str:
               "summary: yes (all agree), no (none agrees, some disagree), undetermined (all are), partly (the "
               "rest); the counts follow.", "", "## Summary", ""]
     lines += summary_table(report)
+    family_line = coverage.multiplicity_text(report.get("multiplicity"))
+    if family_line:
+        lines += ["", family_line]
     lines += ["", "## Theory column", "",
               "Each number the theory gives, against the measured one under the rule above (toy rates: measured <= "
               "bound). Where the theory gives only a direction the row says qualitative; a number derived beside "
@@ -399,6 +407,9 @@ def markdown(report: dict) -> str:
         lines += ["", f"## {part['id']}. {part['title']}", "", f"**Paper.** {part['paper']}", "",
                   f"**Theory.** {part['theory']}", ""]
         lines += _part_table(part)
+        held_line = selection.text(part["key"], part.get("selection"))
+        if held_line:
+            lines += ["", held_line]
         lines += [""] + [f"- {v['line']}" for v in part["verdicts"]]
         if part.get("figure"):
             lines += ["", f"![{part['title']}]({part['figure']})"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.reproduce import delays, figures, findings, protocol, tokens
+from delaylab.reproduce import coverage, delays, figures, findings, protocol, selection, tokens
 from delaylab.reproduce import plan as P
 from delaylab.reproduce.ledger import RUNS, Ledger
 from delaylab.reproduce.presets import Preset
@@ -160,13 +160,19 @@ def build(L: Ledger, draw: Path | None = None) -> dict:
     for key, part in parts.items():
         part["figure"] = figs.get(key)
         part["commands"] = cmds.get(key, [])
+        held = selection.selection(L, part["key"])
+        if held is not None:
+            part["selection"] = held
     summary = [{"id": part["id"], "finding": part["title"], "paper": part["paper"], "measured": part["headline"],
                 "reproduced": part["reproduced"], "reproduced_counts": part.get("reproduced_counts", ""),
                 "theory_agrees": part["theory_agrees"], "theory_counts": part.get("theory_counts", "")}
                for part in parts.values()]
     theory = [{"id": part["id"], **n} for part in parts.values() for n in part.get("theory_numbers", [])]
+    intervals = coverage.report_intervals(L.lines)
     return {"version": REPORT_VERSION, "preset": p.name, "preset_summary": p.summary, "out": str(out),
             "command": f"delaylab reproduce --preset {p.name} --out {out}", "notes": list(p.notes),
-            "summary": summary, "theory_column": theory, "parts": list(parts.values()), "sessions": sessions or [],
+            "summary": summary, "intervals": intervals,
+            "multiplicity": coverage.multiplicity(list(parts.values()), intervals), "theory_column": theory,
+            "parts": list(parts.values()), "sessions": sessions or [],
             "session": (sessions or [{}])[-1], "runs_file": RUNS, "ns_dtypes": L.ns_dtypes(),
             "decisions": L.decisions()}

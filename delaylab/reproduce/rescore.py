@@ -11,7 +11,9 @@ Two verdicts need more than a stored score and are recomputed from what the repo
   EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
   to the stored one, so a changed toy code cannot pass silently).
 
-The axes' parts (the delay axis, the tokens axis and the scale axis) are built again from the Ledger. The part summaries and the theory column follow by the one aggregation rule. ``changes`` lists
+The axes' parts (the delay axis, the tokens axis and the scale axis) are built again from the Ledger. The part summaries and the theory column follow by the one aggregation rule;
+the intervals' coverage at the report's skew and the multiplicity line (:mod:`~delaylab.reproduce.coverage`)
+and the held-out tuned numbers (:mod:`~delaylab.reproduce.selection`) are recomputed. ``changes`` lists
 every scored verdict whose state moved, before -> after.
 """
 
@@ -22,7 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from delaylab.reproduce import delays, protocol, tokens
+from delaylab.reproduce import coverage, delays, protocol, selection, tokens
 from delaylab.reproduce import findings as F
 from delaylab.reproduce import ledger
 from delaylab.reproduce import plan as P
@@ -95,6 +97,9 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
             _toy(p, part, lines)
         elif part["key"] in REBUILT:  # built again from the Ledger; commands and figures stay the report's
             part.update(REBUILT[part["key"]](book))
+        held = selection.selection(book, part["key"])
+        if held is not None:
+            part["selection"] = held
         part.update(V.part_states(part["verdicts"], part.get("theory_numbers", [])))
         after = _scored(part)
         for claim in list(before) + [c for c in after if c not in before]:
@@ -109,6 +114,8 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
         row.update(measured=part["headline"], **{k: part.get(k, "") for k in
                                                  ("reproduced", "reproduced_counts", "theory_agrees", "theory_counts")})
     rep["theory_column"] = [{"id": part["id"], **n} for part in rep["parts"] for n in part.get("theory_numbers", [])]
+    rep["intervals"] = coverage.report_intervals(lines)
+    rep["multiplicity"] = coverage.multiplicity(rep["parts"], rep["intervals"])
     return rep, changes
 
 

@@ -97,20 +97,87 @@ def slope(xs: list[float], ys: list) -> float | None:
 
 
 def t_coverage_at_skew(skew: float, n: int, reps: int = 40000, seed: int = 0) -> dict:
-    """Monte Carlo coverage of the 95% t interval for a mean at ``n`` draws from a gamma law with the
-    given skewness (reflected where it is negative; normal at 0), and how often it misses on each side
-    (each 2.5% under normality): the coverage a measured skew implies."""
-    from scipy import stats as st
+    """Monte Carlo coverage of the 95% t interval for a mean at ``n`` draws of the given skewness
+    (:func:`delaylab.reproduce.coverage.t_mean`), and how often it lies wholly above
+    (``miss_above``) or below (``miss_below``) the true mean, each 2.5% under normality."""
+    from delaylab.reproduce.coverage import t_mean
 
-    rng = np.random.default_rng(seed)
-    if abs(skew) < 1e-9:
-        x = rng.standard_normal((reps, n))
-    else:
-        k = 4.0 / skew**2  # gamma(k) has skewness 2 / sqrt(k); standardized, mean 0
-        x = np.sign(skew) * (rng.gamma(k, 1.0, (reps, n)) - k) / math.sqrt(k)
-    m, h = x.mean(1), st.t.ppf(0.975, n - 1) * x.std(1, ddof=1) / math.sqrt(n)
-    low, high = float(np.mean(m - h > 0)), float(np.mean(m + h < 0))  # the interval lies above / below 0
-    return {"skew": skew, "n": n, "reps": reps, "coverage": 1 - low - high, "miss_above": low, "miss_below": high}
+    c = t_mean(n, skew, reps, np.random.default_rng(seed))
+    return {"skew": skew, "n": n, "reps": reps, "coverage": c["coverage"], "miss_above": c["miss_low"],
+            "miss_below": c["miss_high"]}
+
+
+# -- the lr chosen on the seeds it is measured on (the winner's curse) ----------------------------
+
+
+def best_index(losses: np.ndarray, chooser: np.ndarray) -> np.ndarray:
+    """Index along axis -2 (the lrs) of the least mean loss over the seeds ``chooser`` marks (last
+    axis, broadcast), vectorised. A missing run is NaN and left out of the mean; a diverged one is
+    +inf and counts, so an lr where a chosen seed diverged is never best (the plan's rule,
+    :func:`delaylab.reproduce.plan.adaptive_lrs`); an lr with no chosen seed is never best either."""
+    v = np.asarray(losses, float)
+    use = np.asarray(chooser, bool)[..., None, :] & ~np.isnan(v)
+    count = use.sum(-1)
+    with np.errstate(invalid="ignore"):
+        total = np.where(use, v, 0.0).sum(-1)
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.inf)
+    return np.nan_to_num(mean, nan=np.inf).argmin(-1)
+
+
+def held_out_gaps(sync: np.ndarray, other: np.ndarray, base: np.ndarray, tune_other: bool = True) -> tuple:
+    """Per seed ``other - sync`` with the lrs chosen on the seeds themselves (``in_sample``) and on
+    the other seeds only (``held_out``: seed j's lrs are the best over ``base`` without j, so no
+    seed is measured at an lr it helped choose), vectorised over leading axes.
+
+    ``sync`` and ``other``: losses ``(..., lrs, seeds)`` on one lr axis (NaN: no run, +inf:
+    diverged); ``base``: the seeds (bool, last axis) the lrs are chosen on; a seed outside it is
+    held out by construction. ``tune_other``: ``other`` at its own best lr (else at sync's).
+    Returns ``(in_sample, held_out, in_lrs, held_lrs)``: the values ``(..., seeds)`` (NaN where a
+    seed has no run there, or, held out, no other base seed to choose on; inf where one diverged) and the lr indices ``(..., 2)`` and
+    ``(..., seeds, 2)`` (sync's, other's)."""
+    s, o = np.asarray(sync, float), np.asarray(other, float)
+    base = np.asarray(base, bool)
+    n = s.shape[-1]
+    drop = base & ~np.eye(n, dtype=bool)  # row j: the base seeds without j
+    ls, ls_j = best_index(s, base), best_index(s[..., None, :, :], drop)
+    lo, lo_j = (best_index(o, base), best_index(o[..., None, :, :], drop)) if tune_other else (ls, ls_j)
+
+    def at(v, idx):  # v[..., idx[..., j], j] per seed j
+        return np.take_along_axis(v, idx[..., None, :], axis=-2)[..., 0, :]
+
+    with np.errstate(invalid="ignore"):
+        inside = at(o, np.repeat(lo[..., None], n, -1)) - at(s, np.repeat(ls[..., None], n, -1))
+        held = np.where(drop.any(-1), at(o, lo_j) - at(s, ls_j), np.nan)  # no other seed to choose on: none
+    return inside, held, np.stack([ls, lo], -1), np.stack([ls_j, lo_j], -1)
+
+
+def tuned_values(sync: dict, other: dict, base=None, tune_other: bool = True) -> dict:
+    """:func:`held_out_gaps` on ``{lr: {seed: loss}}`` grids (a None loss: diverged; ``base``: the
+    seeds the lrs are chosen on, default every seed): ``sync_lr`` and ``lr`` chosen on ``base``,
+    ``in_sample`` the gaps there over ``seeds`` (those with both runs), ``held_out`` each seed's gap
+    at the lrs the other base seeds choose (``held_lrs``, over ``held_seeds``: those with both runs
+    at their own lrs). Gaps are None where a run diverged."""
+    lrs = sorted(set(sync) | set(other))
+    seeds = sorted({k for g in (sync, other) for d in g.values() for k in d})
+    out = {"sync_lr": None, "lr": None, "seeds": [], "in_sample": [], "held_seeds": [], "held_out": [],
+           "held_lrs": []}
+    if not sync or not other or not seeds:
+        return out
+
+    def cube(g):
+        return np.array([[np.nan if s not in g.get(lr, {}) else np.inf if g[lr][s] is None else g[lr][s]
+                          for s in seeds] for lr in lrs], float)
+
+    chooser = np.isin(seeds, list(seeds if base is None else base))
+    inside, held, il, hl = held_out_gaps(cube(sync), cube(other), chooser, tune_other)
+    a, b = ([j for j in range(len(seeds)) if not np.isnan(x[j])] for x in (inside, held))
+
+    def value(x):
+        return None if np.isinf(x) else float(x)
+
+    return {"sync_lr": lrs[il[0]], "lr": lrs[il[1]], "seeds": [seeds[j] for j in a],
+            "in_sample": [value(inside[j]) for j in a], "held_seeds": [seeds[j] for j in b],
+            "held_out": [value(held[j]) for j in b], "held_lrs": [[lrs[hl[j][0]], lrs[hl[j][1]]] for j in b]}
 
 
 def by_lr(rows: list[dict], opt: str, mode: str, mom, seeds=None) -> dict[float, dict[int, float | None]]:
@@ -124,11 +191,13 @@ def by_lr(rows: list[dict], opt: str, mode: str, mom, seeds=None) -> dict[float,
 
 def skewness_check(rows: list[dict], opts, seeds: dict[str, set]) -> dict:
     """Each gap cell's (optimizer, momentum, lr, mode: mode - sync per seed, 4 or more seeds) sample
-    skewness g1 against the normal null (SD sqrt(6(n-2)/((n+1)(n+3)))), and per optimizer the mean over
-    its cells against the null's SD of that mean: where the mean is more than 2 null SDs from 0 the
-    t intervals' coverage is in doubt, and the coverage at that skew (:func:`t_coverage_at_skew`) is given.
-    Cells that share a sync run are not independent: the pooled SD is a guide, not a test."""
-    from scipy import stats as st
+    skewness g1, flagged past 2 SDs of the normal null (sqrt(6(n-2)/((n+1)(n+3)))), and per optimizer
+    the skewness behind its cells with g1's small-n bias accounted for
+    (:func:`delaylab.reproduce.coverage.skewness`: ``size``, its one-sided 95% ``upper`` bound, the
+    common-sign ``signed`` one), with the t interval's coverage at the size and at the bound
+    (:func:`t_coverage_at_skew`, at the cells' median n). Cells that share a sync run are not
+    independent: the bound is a guide, not a test."""
+    from delaylab.reproduce.coverage import sample_skewness, skewness
 
     out = {}
     for opt in opts:
@@ -142,18 +211,17 @@ def skewness_check(rows: list[dict], opts, seeds: dict[str, set]) -> dict:
                          if sync[lr][s] is not None and other[lr][s] is not None]
                     if len(g) < 4 or np.std(g) == 0:
                         continue
-                    n, g1 = len(g), float(st.skew(g, bias=True))
+                    n, g1 = len(g), float(sample_skewness(g))
                     sd = math.sqrt(6 * (n - 2) / ((n + 1) * (n + 3)))
                     cells.append({"momentum": mom, "mode": mode, "lr": lr, "n": n, "skew": g1, "null_sd": sd,
                                   "flagged": abs(g1) > 2 * sd})
         if not cells:
             continue
-        mean = float(np.mean([c["skew"] for c in cells]))
-        sd = math.sqrt(sum(c["null_sd"] ** 2 for c in cells)) / len(cells)
-        doubt = abs(mean) > 2 * sd
+        est = skewness([(c["n"], c["skew"]) for c in cells])
         n = round(float(np.median([c["n"] for c in cells])))
-        out[opt] = {"cells": cells, "mean_skew": mean, "null_sd": sd, "doubt": doubt,
-                    "coverage": t_coverage_at_skew(mean, n) if doubt else None}
+        out[opt] = {"cells": cells, "mean_skew": est["raw_mean"], "estimate": est,
+                    "coverage": t_coverage_at_skew(math.copysign(est["size"], est["raw_mean"]), n),
+                    "coverage_upper": t_coverage_at_skew(math.copysign(est["upper"], est["raw_mean"]), n)}
     return out
 
 
@@ -161,15 +229,13 @@ def skew_text(check: dict) -> str:
     """One line per optimizer of :func:`skewness_check`."""
     parts = []
     for opt, c in check.items():
+        e, cov, up = c["estimate"], c["coverage"], c["coverage_upper"]
         flagged = [f"{x['mode']} m{x['momentum']:g} lr {x['lr']:g} ({x['skew']:+.2f})" for x in c["cells"] if x["flagged"]]
-        text = (f"{opt}: mean skewness of the per-seed gaps {c['mean_skew']:+.2f} over {len(c['cells'])} cells "
-                f"(normal null SD {c['null_sd']:.2f})")
-        if c["doubt"]:
-            cov = c["coverage"]
-            text += (f", resolved from 0: the 95% t interval covers {100 * cov['coverage']:.1f}% at that skew "
-                     f"(n = {cov['n']}, {cov['reps']} Monte Carlo draws), missing above {100 * cov['miss_above']:.1f}%"
-                     f" and below {100 * cov['miss_below']:.1f}%")
-        else:
-            text += ", not resolved from 0"
+        text = (f"{opt}: skewness of the per-seed gaps {e['size']:.2f} (one-sided 95% upper bound {e['upper']:.2f}) over "
+                f"{e['cells']} cells, from their raw g1 (mean {e['raw_mean']:+.2f}; mean square {e['raw_mean_sq']:.2f} "
+                f"against {e['null_mean_sq']:.2f} for normal gaps) with g1's bias at each cell's n accounted for; "
+                f"the 95% t interval covers {100 * cov['coverage']:.1f}% at that skew and {100 * up['coverage']:.1f}% "
+                f"at the bound (n = {cov['n']}, {cov['reps']} Monte Carlo draws), missing on one side up to "
+                f"{100 * max(cov['miss_above'], cov['miss_below']):.1f}% (2.5% nominal)")
         parts.append(text + ("; cells past 2 null SDs: " + ", ".join(flagged) if flagged else ""))
     return "; ".join(parts)
