@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import anchors as A  # noqa: E402
 import recompute as R  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,13 +227,17 @@ def recomputed(folder: Path) -> dict[str, str]:
 def test_a_committed_report_is_its_runs_jsonl(folder):
     quoted = recomputed(folder)
     assert quoted
-    # the docs quote the recomputed numbers (those they quote are listed in the report's folder)
+    # the docs quote the recomputed numbers, each at its place: the report's folder lists, per doc, every
+    # quoted key with the anchors it stands at (a table cell, a paragraph, a claim: tests/reproduce/anchors.py)
     wanted = folder / "quoted.json"
     if wanted.exists():
         for doc, keys in json.loads(wanted.read_text()).items():
             text = (ROOT / doc).read_text()
-            for key in keys:
-                assert quoted[key] in text, f"{doc} does not quote {key} = {quoted[key]}"
+            for key, places in keys.items():
+                assert places, f"{doc}: {key} names no place"
+                for anchor in places:
+                    assert A.quotes(A.region(text, anchor), quoted[key]), \
+                        f"{doc} does not quote {key} = {quoted[key]} at {anchor}"
 
 
 def _rule(interval, region) -> str:
