@@ -98,19 +98,8 @@ def measure(run: str | Path, probes: int = 4, lanczos_steps: int = 30, batches: 
         opt.load_state_dict(part["optimizer"])
         precond = _adam_preconditioner(model, opt)
         model = model.double().eval()
-        # The loss, gradient, Hessian-vector products and per-sequence gradients of
-        # delaylab.theory.assumptions.TorchObjective (one double-backward code for this and `theory check`).
-        obj = TorchObjective(model, _lm_loss, held)
-        point = obj.point()
-        sizes = [b.size for b in point]
-        n = sum(sizes)
-
-        def unflat(v: np.ndarray) -> list[np.ndarray]:
-            return [c.reshape(b.shape) for c, b in zip(np.split(v, np.cumsum(sizes)[:-1]), point)]
-
-        def hvp(v: np.ndarray) -> np.ndarray:
-            return np.concatenate([h.ravel() for h in obj.hvp(point, unflat(v))])
-
+        obj, point, hvp = hessian(model, held)
+        n = sum(b.size for b in point)
         loss = obj.loss(point)
         grad_sq = float(sum((g**2).sum() for g in obj.grad(point)))
         nodes, w = slq(hvp, n, probes, lanczos_steps, seed)
@@ -135,6 +124,23 @@ def measure(run: str | Path, probes: int = 4, lanczos_steps: int = 30, batches: 
                      f"noise trace {rec['noise_trace']:.4g}")
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def hessian(model, batches) -> tuple[TorchObjective, list[np.ndarray], object]:
+    """``(objective, point, hvp)``: the mean loss of ``model`` on ``batches`` (``(x, y)`` pairs) as a
+    :class:`~delaylab.theory.assumptions.TorchObjective` (one double-backward code for this and
+    ``theory check``: its loss, gradient, Hessian-vector products and per-sequence gradients), the
+    model's weights as its point, and ``hvp``: a flat numpy vector ``v`` to ``H v`` there, the
+    product stochastic Lanczos quadrature takes."""
+    obj = TorchObjective(model, _lm_loss, batches)
+    point = obj.point()
+    cuts = np.cumsum([b.size for b in point])[:-1]
+
+    def hvp(v: np.ndarray) -> np.ndarray:
+        parts = [c.reshape(b.shape) for c, b in zip(np.split(v, cuts), point)]
+        return np.concatenate([h.ravel() for h in obj.hvp(point, parts)])
+
+    return obj, point, hvp
 
 
 def _lm_loss(model, batch):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from delaylab.cli import main
@@ -38,34 +40,43 @@ def test_spectrum_file_and_figure(tmp_path, capsys):
 
 
 def test_hessian_vector_product_against_finite_differences():
-    """The double-backward HVP (math attention) against central differences of the gradient, float64."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    """``llm.spectrum.hessian``'s product (double backward through math attention, float64), the one
+    ``measure`` hands to Lanczos, against central differences of the gradient taken here by one
+    backward at w +- eps v on a copy of the model; and symmetric and linear."""
     from delaylab.llm.model import GPT, GPTConfig
+    from delaylab.llm.spectrum import hessian
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=32, n_layer=1, n_head=2, d_model=16, block_size=8)).double()
-    x = torch.randint(0, 32, (2, 8))
-    y = torch.randint(0, 32, (2, 8))
-    params = list(model.parameters())
-    v = [torch.randn_like(p) for p in params]
+    batches = [(torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))) for _ in range(2)]
+    obj, point, hvp = hessian(model, batches)
+    n = sum(b.size for b in point)
+    rng = np.random.default_rng(0)
+    v, u = rng.standard_normal(n), rng.standard_normal(n)
+    exact, hu, mixed = hvp(v), hvp(u), hvp(2 * v + u)
+    twin = copy.deepcopy(model)
+    params = list(twin.parameters())
+    assert n == sum(p.numel() for p in params)
+    with torch.no_grad():
+        mean = sum(float(twin(x, y)[1]) for x, y in batches) / len(batches)
+    assert obj.loss(point) == pytest.approx(mean, rel=1e-12)
 
-    def grad():
-        with sdpa_kernel(SDPBackend.MATH):
-            return torch.autograd.grad(model(x, y)[1], params, create_graph=True)
+    def grad_at(shift: np.ndarray) -> np.ndarray:
+        """The gradient of the mean loss at w + shift, by one backward."""
+        with torch.no_grad():
+            for p, d in zip(params, np.split(shift, np.cumsum([p.numel() for p in params])[:-1])):
+                p.add_(torch.from_numpy(d).view_as(p))
+        loss = sum(twin(x, y)[1] for x, y in batches) / len(batches)
+        g = np.concatenate([t.reshape(-1).numpy() for t in torch.autograd.grad(loss, params)])
+        with torch.no_grad():
+            for p, d in zip(params, np.split(shift, np.cumsum([p.numel() for p in params])[:-1])):
+                p.sub_(torch.from_numpy(d).view_as(p))
+        return g
 
-    g = grad()
-    with sdpa_kernel(SDPBackend.MATH):
-        hv = torch.autograd.grad(g, params, grad_outputs=v)
     eps = 1e-5
-    with torch.no_grad():
-        for p, d in zip(params, v):
-            p.add_(eps * d)
-    gp = [t.detach() for t in grad()]
-    with torch.no_grad():
-        for p, d in zip(params, v):
-            p.sub_(2 * eps * d)
-    gm = [t.detach() for t in grad()]
-    fd = np.concatenate([((a - b) / (2 * eps)).reshape(-1).numpy() for a, b in zip(gp, gm)])
-    exact = np.concatenate([t.reshape(-1).numpy() for t in hv])
-    assert np.abs(fd - exact).max() < 1e-6 * max(1.0, np.abs(exact).max())
+    fd = (grad_at(eps * v) - grad_at(-eps * v)) / (2 * eps)
+    scale = np.abs(exact).max()
+    assert scale > 1e-3  # a product of zeros would pass the comparison
+    assert np.abs(fd - exact).max() < 1e-6 * scale
+    assert u @ exact == pytest.approx(v @ hu, rel=1e-10)  # H is symmetric
+    assert np.allclose(mixed, 2 * exact + hu, rtol=1e-10, atol=1e-12 * scale)
