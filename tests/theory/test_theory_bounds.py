@@ -44,8 +44,11 @@ def test_sync_bound_has_the_issue_form_and_the_delay_term_is_2_L_eta_tau():
     assert sp.simplify(b["momentum"] - 2 * L * eta * beta / (1 - beta)) == 0
     assert sp.simplify(b["delay"] - 2 * L * eta * S.tau) == 0
     assert sp.simplify(b["noise"] - 2 * S.rho * S.sigma * sp.sqrt((1 - beta) / (1 + beta))) == 0
-    # the start-up term is O(1/(T (1 - beta)))
-    assert sp.limit(b["init"] * T * (1 - beta), T, sp.oo) != 0
+    # the start-up term of zero-initialised momentum, docs/theory.md's I_T; exactly of order 1/T: T times
+    # it is free of T and not 0 (an O(1) term, or one of lower order, fails here)
+    assert sp.simplify(b["init"] - 2 * beta / ((1 - beta) * T) * (S.G0 + L * eta * beta / (1 - beta))) == 0
+    scaled = sp.simplify(b["init"] * T)
+    assert T not in scaled.free_symbols and sp.simplify(scaled) != 0
     # relative delay penalty at fixed beta (DESIGN.md): tau (1-beta)/beta
     assert sp.simplify(b["delay"] / b["momentum"] - S.tau * (1 - beta) / beta) == 0
 
