@@ -169,18 +169,24 @@ def test_ns_dtype_auto_follows_what_the_cpu_computes_natively(monkeypatch):
         build_optimizer("adamw", p, ns_dtype="float32")
 
 
-def test_float32_newton_schulz_is_the_float64_iteration_to_float32_rounding():
-    """The same step as torch's Muon with the iteration in float32: against the float64 iteration
-    (an independent computation) it is 1e-6 close, where bfloat16's is 1e-2 off."""
-    gen = torch.Generator().manual_seed(1)
-    w0, g = torch.randn(16, 12, generator=gen), torch.randn(16, 12, generator=gen)
-    exact, _ = _muon_step(w0.double(), g.double(), lambda ps: build_optimizer("muon", ps))
-    f32, opt = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="float32"))
-    bf16, _ = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="bfloat16"))
-    assert type(opt) is LMOMomentum
-    step = (exact - w0.double()).abs().max().item()
-    err32, err16 = ((f32.double() - exact).abs().max().item(), (bf16.double() - exact).abs().max().item())
-    assert err32 < 1e-5 * step * 100 and err16 > 100 * err32, (err32, err16, step)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_float32_newton_schulz_is_the_float64_iteration_to_float32_rounding(seed):
+    """The same step as torch's Muon with the iteration in float32, against the float64 iteration
+    (an independent computation). From a zero start the step is the update alone: within 4e-6 of
+    the step's size (measured 0.7e-6 to 1.4e-6 over seeds 1-7), where bfloat16's is 1e-2 off (1.4e-2
+    to 4e-2). From a random start the stored float32 weight adds its own rounding, 2^-24 of its size."""
+    gen = torch.Generator().manual_seed(seed)
+    start, g = torch.randn(16, 12, generator=gen), torch.randn(16, 12, generator=gen)
+    for w0 in (torch.zeros_like(start), start):
+        exact, _ = _muon_step(w0.double(), g.double(), lambda ps: build_optimizer("muon", ps))
+        f32, opt = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="float32"))
+        bf16, _ = _muon_step(w0, g, lambda ps: build_optimizer("muon", ps, ns_dtype="bfloat16"))
+        assert type(opt) is LMOMomentum
+        step = (exact - w0.double()).abs().max().item()
+        storage = 2.0 ** -24 * exact.abs().max().item()  # half an ulp of the largest stored weight
+        err32, err16 = ((f32.double() - exact).abs().max().item(), (bf16.double() - exact).abs().max().item())
+        assert err32 <= 4e-6 * step + storage, (err32 / step, storage / step)
+        assert err16 > 1e-2 * step, err16 / step
 
 
 def test_muon_float64_split_keeps_adamw_for_the_rest():
