@@ -171,13 +171,13 @@ def _ranks(pid: int) -> list[int]:
 
 
 def _interrupt(engine: str, out, rng: random.Random, who: str | None = None,
-               sig: signal.Signals | None = None) -> tuple[int, str, str]:
+               sig: signal.Signals | None = None, latest: int = 25) -> tuple[int, str, str]:
     """Start the engine's run, send ``sig`` (default: a random one of the three signals) at a random
-    moment (after a random number of logged updates) to ``who`` (the launcher, its process group, one
-    rank), and return (exit code, what got the signal, stderr's last line)."""
+    moment (after a random number of logged updates, below ``latest`` of the 30) to ``who`` (the
+    launcher, its process group, one rank), and return (exit code, what got the signal, stderr's last line)."""
     sig = sig or rng.choice(SIGNALS)
     who = who or rng.choice(["launcher"] if engine == "simulator" else ["launcher", "group", "rank"])
-    lines = rng.randrange(0, 25)
+    lines = rng.randrange(0, latest)
     proc = subprocess.Popen([sys.executable, "-m", "delaylab", "llm", *ENGINES[engine], *TINY, "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -230,18 +230,23 @@ def _resume_beside_the_reference(engine: str, out, reference) -> None:
 
 
 def _check_interrupted(engine: str, out, reference, rng: random.Random, who: str | None = None,
-                       sig: signal.Signals | None = None) -> None:
-    code, what, last = _interrupt(engine, out, rng, who, sig)
+                       sig: signal.Signals | None = None, latest: int = 25, must_stop: bool = True) -> bool:
+    """Interrupt the engine's run (:func:`_interrupt`), resume it and compare it with the reference;
+    True when the signal stopped it. A run that ended before the signal landed fails ``must_stop``
+    (it checked nothing); otherwise it must be the reference's run."""
+    code, what, last = _interrupt(engine, out, rng, who, sig, latest)
     print(f"{engine}: {what}: exit {code}: {last}", file=sys.__stderr__, flush=True)  # the table, uncaptured
-    if code == 0:  # the run ended before the signal: nothing to resume, the run is the reference's
+    if code == 0:
+        assert not must_stop, f"{engine}: the run ended before the signal landed ({what}): nothing was tested"
         _same_run(engine, out, reference(engine))
-        return
+        return False
     assert code == PREEMPTED and last.startswith("delaylab: preempted: ") and "Traceback" not in last, last
     stages = 2 if ENGINES[engine][0] == "pipeline" else 1
     K = checkpoint.latest_complete(out / "ckpt", stages)
     assert f"stopped after update {K} " in last and not list((out / "ckpt").glob("*/*.pending"))
     _resume_beside_the_reference(engine, out, reference)
     _same_run(engine, out, reference(engine))
+    return True
 
 
 @pytest.mark.dist
@@ -249,8 +254,35 @@ def _check_interrupted(engine: str, out, reference, rng: random.Random, who: str
 @pytest.mark.parametrize("engine,who", [("pipeline", "rank"), ("dp-x-pp", "launcher")])
 def test_a_signal_at_a_random_moment_stops_every_rank_at_one_update_and_the_resume_is_exact(
         engine, who, reference, tmp_path, capsys):
-    _check_interrupted(engine, tmp_path / "run", reference, random.Random(engine), who)
+    # the moment within the first 10 of 30 updates: the run cannot end before the signal lands
+    _check_interrupted(engine, tmp_path / "run", reference, random.Random(engine), who, latest=10)
     capsys.readouterr()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_sigterm_to_the_dp_launcher_stops_both_replicas_at_one_update_and_the_resume_is_exact(
+        tmp_path, monkeypatch, capsys):
+    """``llm train --dp 2`` (gloo, 2 ranks): rank 0 sends SIGTERM to the launcher during its update
+    ``preempt_ranks.CALL`` (tests/llm/preempt_ranks.py, run in the spawned ranks), so the signal lands
+    mid-run, every time. Both replicas stop at one update K with a checkpoint (exit 75), and the run
+    resumed from it ends bit for bit on the uninterrupted run."""
+    import preempt_ranks
+
+    from delaylab.llm.run import trainer
+
+    monkeypatch.setattr(trainer, "_replicas", preempt_ranks.replicas_signalling)
+    out, short = tmp_path / "run", ["--steps", "12", "--ckpt-every", "4", "--eval-every", "12"]  # two launches
+    assert main(["llm", *ENGINES["dp"], *TINY, *short, "--out", str(out)]) == PREEMPTED
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    K = checkpoint.latest_complete(out / "ckpt", 1)
+    assert last.startswith("delaylab: preempted: ") and f"stopped after update {K} " in last, last
+    assert preempt_ranks.CALL <= K < 12 and checkpoint.read(out)["step"] == K
+    assert not list((out / "ckpt").glob("*/*.pending"))
+    monkeypatch.undo()
+    reference = _References(tmp_path / "ref")  # the reference of this config, made beside the resume
+    _resume_beside_the_reference("dp", out, reference)
+    _same_run("dp", out, reference.folder("dp"))
 
 
 @pytest.mark.slow
@@ -260,8 +292,9 @@ def test_a_signal_at_a_random_moment_stops_every_rank_at_one_update_and_the_resu
 def test_five_sigterms_per_engine_at_random_moments(engine, reference, tmp_path, capsys):
     """Five SIGTERMs (what a scheduler sends) and one SIGUSR1 or SIGINT, each at a random moment."""
     rng = random.Random(f"{engine}-slow")
-    for i, sig in enumerate([signal.SIGTERM] * 5 + [rng.choice(SIGNALS[1:])]):
-        _check_interrupted(engine, tmp_path / f"run{i}", reference, rng, sig=sig)
+    stopped = sum(_check_interrupted(engine, tmp_path / f"run{i}", reference, rng, sig=sig, must_stop=False)
+                  for i, sig in enumerate([signal.SIGTERM] * 5 + [rng.choice(SIGNALS[1:])]))
+    assert stopped >= 3, f"{engine}: {stopped} of 6 signals landed before the run ended"  # else little is tested
     capsys.readouterr()
 
 
