@@ -153,14 +153,22 @@ def toy_holds(runs) -> tuple[int, int]:
     """(settings under the bound at its slope, settings): the upper 95% end of the measured mean
     at every T below the bound, and the least-squares log-log slope within the exponent + tolerance."""
     toys = [r for r in runs if r.get("kind") == "toy" and r.get("task") == "rates"]  # not the cost or compare runs
-    held = 0
-    for r in toys:
-        xs = [math.log(p["T"]) for p in r["points"]]
-        ys = [math.log(p["measured"]) for p in r["points"]]
-        mx, my = mean(xs), mean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        held += all(p["ci"][1] <= p["bound"] for p in r["points"]) and slope <= r["exponent"] + r["tolerance"]
+    held = sum(rate_holds(r) for r in toys)
     return held, len(toys)
+
+
+def loglog_slope(ts, values) -> float:
+    """The least-squares slope of log(value) against log(T)."""
+    xs, ys = [math.log(t) for t in ts], [math.log(v) for v in values]
+    mx, my = mean(xs), mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def rate_holds(r: dict) -> bool:
+    """A toy rate check holds: the upper 95% end of the measured mean below the bound at every T,
+    and the measured means' log-log slope within the bound's exponent + tolerance."""
+    slope = loglog_slope([p["T"] for p in r["points"]], [p["measured"] for p in r["points"]])
+    return all(p["ci"][1] <= p["bound"] for p in r["points"]) and slope <= r["exponent"] + r["tolerance"]
 
 
 def delay_gap(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
