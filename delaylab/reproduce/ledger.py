@@ -10,10 +10,10 @@ overhead lengths, axis tables) are :func:`delaylab.reproduce.plan.decide` on it,
 (:attr:`Ledger.decided`) by the same functions the runner planned with, so the report cannot
 decide otherwise and no part decides again.
 
-``runs.jsonl`` and ``report.json`` are the Ledger written out; :func:`read` takes it back. A
-report written before the Ledger (report version 3) lacks two things in its ``runs.jsonl``; they
-are taken from its ``report.json`` (:func:`_carry`): the train-loss diagnostics of the cells it
-shows (per cell: no train curve was kept) and the toy results beyond the rate points.
+``runs.jsonl`` and ``report.json`` are the Ledger written out; :func:`read` takes it back, and
+refuses a ``runs.jsonl`` that lacks a run the report reads (the toy runs included). A report
+written before the Ledger (report version 3) kept no train curve: the train-loss diagnostics of
+the cells it shows are taken from its ``report.json`` (:func:`_carry`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from delaylab.errors import MissingFile
 from delaylab.llm import metrics
 from delaylab.llm.sweep import read_metrics
 from delaylab.reproduce import plan as P
@@ -292,7 +293,8 @@ def runs(folder) -> list[dict]:
 
 def read(folder) -> Ledger:
     """The Ledger a report folder holds: ``runs.jsonl``, ``sessions.jsonl`` and, from ``report.json``,
-    the preset, where it ran, and what a version-3 runs.jsonl lacks (:func:`_carry`)."""
+    the preset, where it ran, and what a version-3 runs.jsonl lacks (:func:`_carry`). Raises where
+    ``runs.jsonl`` lacks a run the plan lists on it (every run the report reads is a line)."""
     folder = Path(folder)
     rep = json.loads((folder / "report.json").read_text())
     p = get_preset(rep["preset"])
@@ -300,20 +302,18 @@ def read(folder) -> Ledger:
     path = folder / SESSIONS
     sessions = ([json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file()
                 else rep.get("sessions", []))
-    carried = _carry(p, rep, lines)
-    return Ledger(p, rep["out"], lines, sessions, carried)
+    book = Ledger(p, rep["out"], lines, sessions, _carry(rep, lines))
+    missing = [r.folder for r in P.plan(p, book) if r.folder not in book._by]
+    if missing:
+        raise MissingFile(f"{folder / RUNS} lacks {len(missing)} of the report's runs (first: {missing[0]})")
+    return book
 
 
-def _carry(p: Preset, rep: dict, lines: list[dict]) -> dict:
+def _carry(rep: dict, lines: list[dict]) -> dict:
     """What a runs.jsonl written before the Ledger (report version 3) lacks, from its report.json:
-
-    - the train-loss diagnostics, kept per cell (``{folders of one mode's seeds: diagnostics}``)
-      for every row of the report that shows them: the per-run values and curves were not kept;
-    - the toy results beyond the rate points (slopes and each T's measured/bound ratio of the rate
-      rows, the delay-cost sweeps, the EF comparison's rows with a resolved gap, as ``ef_rows``),
-      added to ``lines`` as the toy lines a Ledger writes.
-
-    Returns the carried diagnostics ({} for a runs.jsonl that has them)."""
+    the train-loss diagnostics, kept per cell (``{folders of one mode's seeds: diagnostics}``) for
+    every row of the report that shows them (the per-run values and curves were not kept).
+    Returns them ({} for a runs.jsonl that has them)."""
     carried: dict = {}
     if any(x["kind"] == "gpt" and "diagnostics" not in x for x in lines):
         def walk(x):
@@ -330,18 +330,4 @@ def _carry(p: Preset, rep: dict, lines: list[dict]) -> dict:
                     walk(v)
 
         walk(rep["parts"])
-    toy = next((part for part in rep["parts"] if part["key"] == "toy"), None)
-    have = {x["folder"] for x in lines}
-    if toy is not None and any(r.folder not in have for g in P.toy(p).values() for r in g):
-        rows = {(r["problem"], r["method"], r["delay"], r["correction"]): r for r in toy["rows"]}
-        for x in lines:
-            if x["kind"] == "toy" and x["task"] == "rates":
-                row = rows[(x["problem"], x["method"], x["delay"], x["correction"])]
-                x.update(slope=row["slope"], bound_slope=row["bound_slope"])
-                for pt, ratio in zip(x["points"], row["ratios"]):
-                    pt["ratio"] = ratio
-        groups = P.toy(p)
-        lines.append(_toy_line(groups["cost"][0], toy["cost"]))
-        lines.append(_toy_line(groups["compare"][0], {"ef_rows": [{k: v for k, v in r.items() if k != "runs"}
-                                                                  for r in toy["ef"]]}))
     return carried

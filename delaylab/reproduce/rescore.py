@@ -7,9 +7,8 @@ Two verdicts need more than a stored score and are recomputed from what the repo
 - finding 1's order claims, held to every lr the data cannot tell from each optimum, and its size
   claim, from the Ledger read back from the folder (:func:`findings.verdict_rows`,
   :func:`findings.optimizer_verdicts`);
-- finding 6, from its stored rate rows with the per-T intervals of ``runs.jsonl``'s toy lines, and
-  EF's gain interval from the seeded toy comparison, rerun (seconds; its EF share is checked equal
-  to the stored one, so a changed toy code cannot pass silently).
+- finding 6, from the toy runs' lines of ``runs.jsonl`` (the rate checks, the delay cost and the
+  EF comparison: nothing reruns).
 
 The axes' parts (the delay axis, the tokens axis and the scale axis) are built again from the Ledger. The part summaries and the theory column follow by the one aggregation rule;
 the intervals' coverage at the report's skew and the multiplicity line (:mod:`~delaylab.reproduce.coverage`)
@@ -21,16 +20,13 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 from delaylab.reproduce import coverage, delays, protocol, selection, tokens
 from delaylab.reproduce import findings as F
 from delaylab.reproduce import ledger
-from delaylab.reproduce import plan as P
 from delaylab.reproduce import verdicts as V
 from delaylab.reproduce.ledger import Ledger
-from delaylab.reproduce.presets import Preset
 
 
 # The axes' parts hold tables and separations, not stored scores: each is built again from the Ledger.
@@ -44,24 +40,8 @@ def _optimizers(part: dict, book: Ledger) -> None:
                 skew=skew)
 
 
-def _toy(p: Preset, part: dict, lines: list[dict]) -> None:
-    from delaylab.reproduce.runner import toy_result
-
-    pts = {(x["problem"], x["method"], x["delay"], x["correction"]): x["points"]
-           for x in lines if x["kind"] == "toy" and x["task"] == "rates"}
-    rates = []
-    for r in part["rows"]:
-        row = {k: v for k, v in r.items() if k != "state"}
-        row["cis"] = [pt["ci"] for pt in pts[(r["problem"], r["method"], r["delay"], r["correction"])]]
-        rates.append(row)
-    compare = P.toy(p)["compare"][0]
-    comp = toy_result(compare.task, compare.kwargs)
-    for old in part["ef"]:  # the rerun must be the run the report was made from
-        new = next(x for x in comp["rows"] if x["method"] == old["method"])
-        if not math.isclose(100 * new["ef_recovers"], old["ef_recovers_pct"], rel_tol=1e-9):
-            raise RuntimeError(f"toy comparison rerun differs from the report's: {old['method']} EF recovers "
-                               f"{100 * new['ef_recovers']:.6f}% vs {old['ef_recovers_pct']:.6f}%")
-    new = F.toy_part(rates, part["cost"], comp, part["cost_runs"][0], compare.folder)
+def _toy(part: dict, book: Ledger) -> None:
+    new = F.toy(book)  # every toy run's result is a line of runs.jsonl
     for key in ("rows", "ef", "verdicts", "theory_numbers", "headline"):
         part[key] = new[key]
 
@@ -78,7 +58,6 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
     """``(report, changes)``: ``rep`` re-scored (a copy) with the runs of ``book``, the Ledger read back
     from its folder; ``changes``: one entry per scored claim whose state differs (a claim new in this
     version has ``before`` None, one dropped ``after`` None)."""
-    p, lines = book.preset, book.lines
     rep = copy.deepcopy(rep)
     changes = []
     for part in rep["parts"]:
@@ -94,7 +73,7 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
         if part["key"] == "optimizers":
             _optimizers(part, book)
         elif part["key"] == "toy":
-            _toy(p, part, lines)
+            _toy(part, book)
         elif part["key"] in REBUILT:  # built again from the Ledger; commands and figures stay the report's
             part.update(REBUILT[part["key"]](book))
         held = selection.selection(book, part["key"])
