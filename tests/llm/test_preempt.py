@@ -2,9 +2,11 @@
 (exit code 75), and the resumed run ends bit for bit on the uninterrupted run's weights and metrics;
 a second signal exits at once (128 + signal) with the last good checkpoint intact.
 
-Counts: in CI the simulator is stopped in-process by each of the three signals at a random update, a
-2-stage pipeline (a signal to one of its ranks) and a 2-stage x 2-replica run (a signal to the launcher)
-once each in a subprocess at a random moment, and the simulator's second signal; ``-m slow`` adds six
+Counts: in CI the simulator is stopped in-process by each of the three signals at a random update,
+``--dp 2`` in-process by a SIGTERM to its launcher that rank 0 sends during its third update, a
+2-stage pipeline (a signal to one of its ranks) and a 2-stage x 2-replica run (a signal to the
+launcher) once each in a subprocess at a random moment within the first 10 updates (a run that ends
+before the signal lands fails), and the simulator's second signal; ``-m slow`` adds six
 random moments per engine (the simulator, ``--dp 2``, the pipeline, DP x PP: five SIGTERMs and one
 SIGUSR1 or SIGINT; the moment and the receiver drawn: the launcher, its whole process group, or one rank) and the pipeline's second
 signal. The agreement protocol itself is checked with four rank threads on one store over 40 random
