@@ -331,7 +331,7 @@ def suite(name: str) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("name", [n for n in SUITES if (TOY / n).exists()])
+@pytest.mark.parametrize("name", list(SUITES))
 def test_the_toy_tables_are_their_suites_recomputed(name):
     """Every cell of the table: measured / bound at each T, the two slopes and whether it holds."""
     doc, sec = "docs/toy_results.md", SUITES[name]
@@ -347,13 +347,56 @@ def test_the_toy_tables_are_their_suites_recomputed(name):
         assert _cell(doc, sec, label, "holds") == ("yes" if r["holds"] else "no"), label
 
 
+
+def test_the_longer_delays_prose_is_its_suite_recomputed():
+    doc, sec = "docs/toy_results.md", "Longer delays"
+    rows, first = suite("rates_tau48.json"), suite("rates_tau1.json")
+    delayed = [r for r in rows if r["delay"] > 0]
+    sync = [{k: v for k, v in r.items() if k != "seconds"} for r in rows if r["delay"] == 0]
+    assert sync == [{k: v for k, v in r.items() if k != "seconds"} for r in first if r["delay"] == 0]  # bit for bit
+
+    def span(xs, fmt):
+        return f"{min(xs):{fmt}}-{max(xs):{fmt}}"
+
+    plain = [v for r in delayed if r["correction"] == "none" for v in r["ratios"].values()]
+    ef = [v for r in delayed if r["correction"] == "ef" for v in r["ratios"].values()]
+    slopes = [r["slope"] for r in delayed]
+    _says(doc, sec, "The same check at tau = 4 and 8",
+          f"all {len(rows)} settings hold ({len(delayed)} delayed ones plus sync",
+          f"measured / bound is {span(plain, '.2f')} without EF and {span(ef, '.2f')} with EF",
+          f"every fitted slope is between {max(slopes):.2f} and {min(slopes):.2f}")
+    assert all(r["holds"] for r in rows)
+    # EF's delay term against the plain one: 3 (tau + 1) delta_bar / 4 at the same (eta, beta)
+    by = {(r["problem"], r["method"], r["delay"], r["correction"]): r for r in rows}
+    for (problem, method, tau, corr), r in by.items():
+        if corr == "ef":
+            plain_run = by[problem, method, tau, "none"]
+            for p, q in zip(r["points"], plain_run["points"]):
+                assert p["eta"] == q["eta"] and p["beta"] == q["beta"]
+                assert p["terms"]["delay"] / q["terms"]["delay"] == pytest.approx(0.75 * (tau + 1) * p["delta_bar"],
+                                                                                   rel=1e-9)
+    most = [(by[pb, "lmo-sign", 8, "ef"], by[pb, "lmo-sign", 8, "none"]) for pb in ("logdet", "matrix-sensing")]
+    drift = [p["delta_bar"] for e, _ in most for p in e["points"]]
+    term = [p["terms"]["delay"] / q["terms"]["delay"] for e, n in most for p, q in zip(e["points"], n["points"])]
+    whole = [p["bound"] / q["bound"] for e, n in most for p, q in zip(e["points"], n["points"])]
+    _says(doc, sec, "With EF the bound, taken at the gradient points",
+          f"`delta_bar` {span(drift, '.2f')} at tau = 8) EF's delay term is {span(term, '.1f')} times the plain one, "
+          f"its whole bound up to {max(whole):.1f} times, and the ratios fall to "
+          f"{span([v for e, _ in most for v in e['ratios'].values()], '.2f')}")
+    # the other sign rows at tau = 8 with EF: their drift is smaller, so are the bound's terms
+    others = [p["delta_bar"] for pb in ("cauchy", "rastrigin", "cauchy-regression")
+              for p in by[pb, "lmo-sign", 8, "ef"]["points"]]
+    assert max(others) < min(drift)
+
 # -- each test fails on a planted error -------------------------------------------------------------
 
 _TESTS = {"nqm tables": lambda: test_the_nqm_tables_are_the_recount(_score()),
           "nqm prose": lambda: test_the_nqm_prose_quotes_the_recount(_score()),
           "nqm spectra": test_the_nqm_spectra_table_is_the_spectrum_files,
           "moe": test_the_dense_vs_moe_tables_are_the_runs_recomputed,
-          "toy": lambda: test_the_toy_tables_are_their_suites_recomputed("rates_tau1.json")}
+          "toy": lambda: test_the_toy_tables_are_their_suites_recomputed("rates_tau1.json"),
+          "toy tau 4, 8": lambda: test_the_toy_tables_are_their_suites_recomputed("rates_tau48.json"),
+          "toy prose": test_the_longer_delays_prose_is_its_suite_recomputed}
 
 
 def _score():
@@ -371,6 +414,12 @@ def _score():
     ("moe", "docs/beyond.md", "| +0.218 [+0.181, +0.256] |", "| +0.218 [+0.181, +0.265] |"),
     ("moe", "docs/beyond.md", "| [+0.039, +0.122] | resolved |", "| [+0.039, +0.122] | not resolved |"),
     ("toy", "docs/toy_results.md", "| logdet | lmo-sign | tau=1+EF | 0.25 |", "| logdet | lmo-sign | tau=1+EF | 0.26 |"),
+    ("toy tau 4, 8", "docs/toy_results.md", "| 0.05 | 0.08 | 0.12 | 0.15 | -0.244 |",
+     "| 0.05 | 0.08 | 0.12 | 0.15 | -0.245 |"),
+    ("toy tau 4, 8", "docs/toy_results.md", "| 0.64 | 0.19 | 0.15 | 0.14 | -0.374 | -0.029 | yes |",
+     "| 0.64 | 0.19 | 0.15 | 0.14 | -0.374 | -0.029 | no |"),
+    ("toy prose", "docs/toy_results.md", "0.05-0.64 with EF", "0.05-0.46 with EF"),
+    ("toy prose", "docs/toy_results.md", "12.9-13.5 times", "8.6 times"),
 ])
 def test_a_planted_error_in_a_page_fails(test, doc, says, planted, monkeypatch):
     real = _page(doc)
