@@ -179,13 +179,3 @@ def quotes(region_text: str, value: str) -> bool:
         return True
     return False
 
-
-def shows(text_number: str, value: float) -> bool:
-    """A number as a page prints it (``0.09``, ``1.4e-4``, ``22``) is ``value`` rounded to the
-    digits it shows."""
-    s = text_number.strip().lstrip("+")
-    mant, _, exp = s.lower().partition("e")
-    decimals = len(mant.split(".")[1]) if "." in mant else 0
-    scale = 10 ** int(exp) if exp else 1
-    shown = float(mant)
-    return abs(value / scale - shown) <= 0.5 * 10 ** -decimals * (1 + 1e-9)

@@ -104,12 +104,6 @@ def test_a_quote_is_a_whole_token():
     assert not A.quotes("x0.445", "x0.44") and not A.quotes("x0.44.5", "x0.44")
 
 
-def test_a_printed_number_is_its_value_rounded():
-    assert A.shows("0.09", 0.0913) and not A.shows("0.09", 0.0951)
-    assert A.shows("1.4e-4", 1.38e-4) and not A.shows("1.4e-4", 1.46e-4)
-    assert A.shows("22", 21.7) and A.shows("+0.083", 0.0834) and not A.shows("22", 22.6)
-
-
 def _doc_quotes(folder, doc, text):
     quoted = C.recomputed(folder)
     for key, places in json.loads((folder / "quoted.json").read_text())[doc].items():
