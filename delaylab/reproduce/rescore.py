@@ -93,7 +93,7 @@ def rescore(rep: dict, book: Ledger) -> tuple[dict, list[dict]]:
         row.update(measured=part["headline"], **{k: part.get(k, "") for k in
                                                  ("reproduced", "reproduced_counts", "theory_agrees", "theory_counts")})
     rep["theory_column"] = [{"id": part["id"], **n} for part in rep["parts"] for n in part.get("theory_numbers", [])]
-    rep["intervals"] = coverage.report_intervals(lines)
+    rep["intervals"] = coverage.report_intervals(book.lines)
     rep["multiplicity"] = coverage.multiplicity(rep["parts"], rep["intervals"])
     return rep, changes
 
