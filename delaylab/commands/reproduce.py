@@ -27,7 +27,8 @@ def register(sub) -> None:
                    help=f"grid: {', '.join(PRESETS)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
                         "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-tokens-2: the same axis with tokens, "
                         "updates and the lr's decay moved one at a time; cpu-delays: the delay axis; each within 90 "
-                        "min on 2 CPU cores; ci, ci-delays, ci-tokens: seconds)")
+                        "min on 2 CPU cores; cpu-field: the field's claims side by side, about two hours; ci, "
+                        "ci-delays, ci-tokens, ci-field: seconds)")
     p.add_argument("--out", required=True, metavar="DIR", help="report folder (rerun to resume)")
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--rescore", action="store_true",
