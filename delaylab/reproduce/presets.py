@@ -356,6 +356,7 @@ FIELD_REGIONS = {
     "rotation_grows_with_pipeline": (0, None),  # AdamW - rotated-Adam gap, PipeDream P=8 minus P=4
     "muon_linear": (3.0, 8.0),  # gap(tau 8) / gap(tau 2), delayed Muon
     "predict_closes": (30.0, 70.0),  # % of Muon's gap closed by prediction along the update, tau 2 and 8
+    "raw_momentum_worse": (None, 0.0),  # % recovered by prediction along the raw momentum, Muon: below none
     "dc_asgd_small": (None, 3.0),  # % recovered by DC-ASGD(-a), Muon
     "per_stage_milder": (2.0, 5.0),  # gap(uniform tau = P - 1) / gap(PipeDream P), Muon
     "overhead_falls": (0, None),  # overhead at the short budget - at the long one
