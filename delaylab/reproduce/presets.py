@@ -537,7 +537,7 @@ PRESETS: dict[str, Preset] = {
         field=FieldGrid(optimizer="muon", held=("tau-2", "tau-4", "tau-8"), retuned=("tau-2", "tau-4"),
                         raw_momentum=("tau-2", "tau-8"), random="uniform:0-8", drop=4, budget_setting="tau-4",
                         budgets=(1.0, 2.5), seeds=3, scan_seeds=1),
-        estimate="at least 278 runs (more where an lr grid grows at an edge or a delayed run needs a longer rerun to "
+        estimate="at least 260 runs (more where an lr grid grows at an edge or a delayed run needs a longer rerun to "
                  "reach sync's loss); about 130 min on 2 cores, 2 runs at a time, from single runs measured on the "
                  "shared 2-core machine at a load average of 8 to 10: 220 updates of the 2-layer model take 20 s "
                  "(AdamW), 34 s (Muon) and 44 s (rotated Adam), the 4-layer one 3.8x AdamW's, the 8-layer one about 7x",

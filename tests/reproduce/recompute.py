@@ -395,3 +395,42 @@ def tokens_reads(runs, variant) -> dict[str, dict[int, float]]:
 def tokens_closing(runs, variant) -> list[float]:
     reads = tokens_reads(runs, variant)
     return [reads["peak"][s] - reads["end"][s] for s in sorted(reads["end"])]
+
+
+def field_claim(runs, row):
+    """A field claim's value and 95% interval (docs/field.md) from runs.jsonl and the run folders the
+    row names (``inputs``): ``mean`` of a per-seed linear combination of final val losses (t), ``ratio``
+    of two (Fieller), ``share`` recovered (Fieller), ``welch`` of two independent combinations, or the
+    ``overhead`` at two budgets (per seed the first run that reaches its sync run's final loss, Welch)."""
+    by = {r["folder"]: r for r in select(runs)}
+    inp = row["inputs"]
+
+    def combo(terms):
+        per = [(c, {by[f]["seed"]: by[f]["val_loss"] for f in folders}) for c, folders in terms]
+        seeds = sorted(set.intersection(*(set(x) for _, x in per)))
+        return {s: sum(c * x[s] for c, x in per) for s in seeds if all(x[s] is not None for _, x in per)}
+
+    def losses(folders):
+        return {by[f]["seed"]: by[f]["val_loss"] for f in folders}
+
+    if inp["kind"] == "mean":
+        return t_interval(list(combo(inp["terms"]).values()))
+    if inp["kind"] == "ratio":
+        return paired_ratio(combo(inp["num"]), combo(inp["den"]))
+    if inp["kind"] == "share":
+        sync, delayed, fix = (losses(inp[k]) for k in ("sync", "delayed", "fix"))
+        seeds = sorted(set(sync) & set(delayed) & set(fix))
+        return recovered({s: fix[s] - sync[s] for s in seeds}, {s: delayed[s] - sync[s] for s in seeds})
+    if inp["kind"] == "welch":
+        return welch(list(combo(inp["first"]).values()), list(combo(inp["second"]).values()))
+    assert inp["kind"] == "overhead", inp["kind"]
+
+    def per_seed(cells):
+        out = []
+        for sync, tries in cells:
+            out.append(next((v for f in tries if (v := iso_loss(by[sync]["val_curve"], by[f]["val_curve"])) is not None),
+                            None))
+        return out
+
+    first, second = per_seed(inp["first"]), per_seed(inp["second"])
+    return (None, None) if None in first + second else welch(first, second)
