@@ -218,6 +218,17 @@ def recomputed(folder: Path) -> dict[str, str]:
                                             sync_variant)
                 assert _close(rec, row["recovered"]["ratio_of_means"]) and _same_interval(rci, row["recovered"]["ci"])
                 quoted[f"{row['optimizer']} {row['setting']} {row['mode']} recovers"] = _share(rec, rci)
+    if "field" in parts:  # the field's claims (docs/field.md): each row from the run folders it names
+        for row in parts["field"]["rows"]:
+            value, ci = R.field_claim(runs, row)
+            if row["value"] is None:
+                assert value is None, row["claim"]
+                continue
+            assert _close(value, row["value"]) and _same_interval(ci, row["interval"]), row["claim"]
+            quoted[f"field: {row['claim']}"] = (_share(value, ci) if row["unit"] == "%" else _ratio(value, ci)
+                                                if row["unit"] == "x" and row["inputs"]["kind"] == "ratio" else
+                                                _gap(value, ci) if ci else f"{value:+.3f} (no interval)")
+            quoted[f"field state: {row['claim']}"] = f"{row['claim']} | {row['state']}"
     return quoted
 
 
