@@ -51,7 +51,7 @@ SOURCES = {
 # The scale each source measured at, for the reasons a disagreement can have.
 THEIR_SCALE = {
     "rotation": "GPT models up to 3B parameters, up to 32 stages",
-    "marin": "a ~150M-parameter Muon run of 6k-15k updates (marin's report)",
+    "marin": "a mixture-of-experts GPT (marin's Grug MoE) trained with Muon for 6k-15k updates on TPUs",
     "ringmaster": "NanoChat pretraining with heterogeneous workers",
     "nesterov": "GPT models up to 1B parameters, 8 stages",
     "seed": "360M parameters on FineWeb-Edu (10B MoE for EF)",
