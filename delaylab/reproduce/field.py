@@ -121,6 +121,28 @@ class _Runs:
     def issues(self, *keys) -> list[str]:
         return S.issues_of([row for k in keys if k in self.cells for row in self.L.records(self.cells[k])])
 
+    def censored(self, *keys) -> bool:
+        """Whether an lr the cells ``keys`` ran at rests on an optimum at its grid's edge: the cell's own
+        grid, or for an interpolated lr any tuned grid of its (optimizer, mode); sync's for a sync cell."""
+        lrs, g = self.L.delay_axis["lrs"], self.p.delays
+        for setting, opt, mode in keys:
+            if mode == "sync":
+                if lrs["sync"][opt]["censored"].get("sync"):
+                    return True
+                continue
+            info = lrs.get((setting, opt, mode))
+            grids = [info["grid"]] if info and info["grid"] else [
+                lrs[(n, opt, mode)]["grid"] for n in g.tuned if (n, opt, mode) in lrs]
+            if any(gr["censored"].get(mode) for gr in grids):
+                return True
+        return False
+
+    def blocks(self, *keys, grids=()) -> dict:
+        """What keeps a claim on these cells (and field ``grids``) from agreeing or disagreeing: the
+        protocol's breaches and censored lr optima (:func:`delaylab.reproduce.verdicts.state`)."""
+        return {"issues": self.issues(*keys),
+                "censored": self.censored(*keys) or any(any(gr["censored"].values()) for gr in grids)}
+
     def scale(self) -> str:
         """The base model's size and tokens per parameter, from one of its sync runs."""
         runs = self.cells.get((self._uniform()[0].name, self.p.delays.optimizers[0], "sync"), [])
@@ -151,9 +173,9 @@ def _per_stage(p: Preset):
 
 
 def _row(key: str, source: str, claim: str, where: str, value, interval, *, unit: str, measured: str, inputs: dict,
-         issues=(), caveat: str, alternative: str = "") -> dict:
+         issues=(), censored: bool = False, caveat: str, alternative: str = "") -> dict:
     region = FIELD_REGIONS[key]
-    sc = score(claim, interval, list(region), measured=value, issues=issues)
+    sc = score(claim, interval, list(region), measured=value, issues=issues, censored=censored)
     reason = ""
     if sc["state"] != AGREES:
         reason = why(sc) or "the interval lies outside the claimed region"
@@ -163,28 +185,29 @@ def _row(key: str, source: str, claim: str, where: str, value, interval, *, unit
             "state": sc["state"], "reason": reason, "caveat": caveat, "inputs": inputs, "score": sc}
 
 
-def _sample_row(L, key, source, claim, where, terms, *, issues, caveat, alternative=""):
+def _sample_row(L, key, source, claim, where, terms, *, issues, censored=False, caveat, alternative=""):
     s = S.sample(_values(_combo(L, terms)))
     measured = f"{S.fmt(s['mean'])} {S.ci_text(s)} over {s['n']} seeds"
     return _row(key, source, claim, where, s["mean"], s["ci"], unit="val loss", measured=measured, issues=issues,
-                caveat=caveat, alternative=alternative, inputs={"kind": "mean", "terms": _folders(terms)})
+                censored=censored, caveat=caveat, alternative=alternative, inputs={"kind": "mean", "terms": _folders(terms)})
 
 
-def _share_row(L, key, source, claim, where, sync, delayed, fix, *, issues, caveat, alternative=""):
+def _share_row(L, key, source, claim, where, sync, delayed, fix, *, issues, censored=False, caveat, alternative=""):
     rec = metrics.recovery(_losses(L, sync), _losses(L, delayed), _losses(L, fix))
     text = "n/a" if rec["ratio_of_means"] is None else f"{rec['ratio_of_means']:.0f}% {S.ci_text(rec, '.0f')}"
     return _row(key, source, claim, where, rec["ratio_of_means"], rec["ci"], unit="%",
-                measured=f"{text} over {rec['n']} seeds", issues=issues, caveat=caveat, alternative=alternative,
+                measured=f"{text} over {rec['n']} seeds", issues=issues, censored=censored, caveat=caveat,
+                alternative=alternative,
                 inputs={"kind": "share", **{k: [r.folder for r in v] for k, v in
                                             (("sync", sync), ("delayed", delayed), ("fix", fix))}})
 
 
-def _ratio_row(L, key, source, claim, where, num, den, *, issues, caveat, alternative=""):
+def _ratio_row(L, key, source, claim, where, num, den, *, issues, censored=False, caveat, alternative=""):
     r = metrics.mean_ratio(_combo(L, num), _combo(L, den))
     text = "n/a" if r["ratio"] is None else (f"{r['ratio']:.2f}" + (
         f" [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" if r.get("ci") else " (Fieller's set unbounded)"))
     return _row(key, source, claim, where, r["ratio"], r.get("ci"), unit="x", measured=f"{text} over "
-                f"{len(r['seeds'])} seeds", issues=issues, caveat=caveat, alternative=alternative,
+                f"{len(r['seeds'])} seeds", issues=issues, censored=censored, caveat=caveat, alternative=alternative,
                 inputs={"kind": "ratio", "num": _folders(num), "den": _folders(den)})
 
 
@@ -217,13 +240,13 @@ def claims(L) -> list[dict]:
         keys = [(s.name, o, m) for s in (lo, hi) for o in ("adamw", "rotated-adam") for m in ("sync", "delayed")]
         rows.append(_sample_row(
             L, "rotation_gap_smaller", "rotation", f"rotated Adam's gap is smaller than AdamW's (tau {hi.delay})",
-            f"{hi.name}: AdamW gap - rotated-Adam gap", advantage(hi.name), issues=R.issues(*keys),
+            f"{hi.name}: AdamW gap - rotated-Adam gap", advantage(hi.name), **R.blocks(*keys),
             caveat="each optimizer's delayed run at its own tuned lr; rotated Adam's bases refreshed every 10 "
                    "updates, as in the paper's runs", alternative=alt))
         rows.append(_sample_row(
             L, "rotation_grows_with_depth", "rotation", f"rotated Adam's advantage grows with the delay (tau "
             f"{lo.delay} -> {hi.delay})", f"(AdamW - rotated) gap at {hi.name} minus at {lo.name}",
-            advantage(hi.name) + _neg(advantage(lo.name)), issues=R.issues(*keys),
+            advantage(hi.name) + _neg(advantage(lo.name)), **R.blocks(*keys),
             caveat="the delay grows with pipeline depth in the paper's asynchronous PP; here tau is set directly",
             alternative=alt))
         stages = [s for s, _, _ in _per_stage(p) if all(R.has(s.name, o, "delayed") for o in ("adamw", "rotated-adam"))]
@@ -236,7 +259,7 @@ def claims(L) -> list[dict]:
                              f"-> {len(big.delay)})", f"(AdamW - rotated) gap at {big.name} minus at {small.name}",
                              ch["delta"], ch["ci"], unit="val loss", measured=_change_text(ch),
                              inputs={"kind": "welch", "first": _folders(first), "second": _folders(second)},
-                             issues=R.issues(*[(s.name, o, m) for s in (small, big) for o in ("adamw", "rotated-adam")
+                             **R.blocks(*[(s.name, o, m) for s in (small, big) for o in ("adamw", "rotated-adam")
                                                for m in ("sync", "delayed")]),
                              caveat="the two depths are two models (4 and 8 layers) at the 2-layer model's lrs",
                              alternative=alt))
@@ -259,6 +282,7 @@ def claims(L) -> list[dict]:
             f"({f.random}, {f.optimizer})", f"{P.field_setting(p).name}: delayed - drop:{f.drop} val loss, equal "
             "updates, each at its tuned lr", [(1.0, plain), (-1.0, thresh)],
             issues=S.issues_of(L.records(plain + thresh)),
+            censored=any(any(rec["grid"]["censored"].values()) for rec in field["random"].values()),
             caveat="compared at equal updates (the discarded gradients stand for slow workers' compute)" + spent,
             alternative=f"{scale}; i.i.d. delays in updates, no worker model, against {THEIR_SCALE['ringmaster']}"))
 
@@ -269,7 +293,7 @@ def claims(L) -> list[dict]:
                 rows.append(_sample_row(
                     L, "lookahead_beats_sync", "nesterov", f"the look-ahead variant surpasses synchronous training "
                     f"({opt}, {s.name})", f"{s.name}: lookahead - sync val loss", R.gap(s.name, opt, "lookahead"),
-                    issues=R.issues((s.name, opt, "sync"), (s.name, opt, "lookahead")),
+                    **R.blocks((s.name, opt, "sync"), (s.name, opt, "lookahead")),
                     caveat="delaylab's look-ahead is the NAG point x - 0.99 u_last for any optimizer, not the "
                            "paper's NAdam-based update",
                     alternative=f"{scale} against {THEIR_SCALE['nesterov']}"))
@@ -280,7 +304,7 @@ def claims(L) -> list[dict]:
             rows.append(_share_row(L, "ef_recovers", "seed", f"EF recovers 50-90% of the gap ({opt}, {lo.name})",
                                    f"{lo.name}: EF's share of the delayed gap", *(R.cell(lo.name, opt, m) for m in
                                                                                  ("sync", "delayed", "ef")),
-                                   issues=R.issues(*[(lo.name, opt, m) for m in ("sync", "delayed", "ef")]),
+                                   **R.blocks(*[(lo.name, opt, m) for m in ("sync", "delayed", "ef")]),
                                    caveat="each mode at its own lr (tuned at tau 1)",
                                    alternative=f"{scale} against {THEIR_SCALE['seed']}"))
     for s, _, two_bw in _per_stage(p):
@@ -290,7 +314,7 @@ def claims(L) -> list[dict]:
                     L, "two_bw_beats_pipedream", "seed", f"2BW's constant delay beats PipeDream's per-stage delays "
                     f"({opt}, P = {len(s.delay)})", f"{s.name} - {two_bw.name} val loss",
                     [(1.0, R.cell(s.name, opt, "delayed")), (-1.0, R.cell(two_bw.name, opt, "delayed"))],
-                    issues=R.issues((s.name, opt, "delayed"), (two_bw.name, opt, "delayed")),
+                    **R.blocks((s.name, opt, "delayed"), (two_bw.name, opt, "delayed")),
                     caveat="the per-stage model's lrs are the 2-layer model's (not tuned on it)",
                     alternative=f"{scale} against {THEIR_SCALE['seed']}"))
     return rows
@@ -302,21 +326,25 @@ def _marin(R: _Runs, L, lo, hi, scale: str) -> list[dict]:
     alt = f"{scale} against {THEIR_SCALE['marin']}"
     two = next((s for s in R._uniform() if s.delay == 2), None)
     if two is not None and two is not hi and R.has(two.name, "muon", "delayed"):
-        curves = {"the protocol's lrs": (R.gap(two.name, "muon"), R.gap(hi.name, "muon"))}
+        syncs = [(two.name, "muon", "sync"), (hi.name, "muon", "sync")]
+        curves = {"the protocol's lrs": (R.gap(two.name, "muon"), R.gap(hi.name, "muon"), R.blocks(
+            (two.name, "muon", "delayed"), (hi.name, "muon", "delayed"), *syncs))}
         if field is not None and two.name in field["retuned"]:
-            curves["the lr tuned at every tau"] = (R.gap(two.name, "muon", runs=field["retuned"][two.name]["cell"]),
-                                                   R.gap(hi.name, "muon"))
+            rec = field["retuned"][two.name]
+            curves["the lr tuned at every tau"] = (R.gap(two.name, "muon", runs=rec["cell"]), R.gap(hi.name, "muon"),
+                                                   R.blocks((hi.name, "muon", "delayed"), *syncs, grids=[rec["grid"]]))
         if field is not None and two.name in field["held"] and hi.name in field["held"]:
             curves["the lr held at tau 1's"] = (R.gap(two.name, "muon", runs=field["held"][two.name]),
-                                                R.gap(hi.name, "muon", runs=field["held"][hi.name]))
-        ratios = {how: metrics.mean_ratio(_combo(L, g_hi), _combo(L, g_two)) for how, (g_two, g_hi) in curves.items()}
+                                                R.gap(hi.name, "muon", runs=field["held"][hi.name]),
+                                                R.blocks((lo.name, "muon", "delayed"), *syncs))
+        ratios = {how: metrics.mean_ratio(_combo(L, g_hi), _combo(L, g_two)) for how, (g_two, g_hi, _) in curves.items()}
         others = ", ".join(f"{S.fmt(r['ratio'], '.2f')} with {how}" for how, r in ratios.items())
-        for how, (g_two, g_hi) in curves.items():
+        for how, (g_two, g_hi, blocks) in curves.items():
             if how == "the protocol's lrs" and len(curves) > 1:
                 continue  # with the lr tuned at every tau it is the protocol's curve
             rows.append(_ratio_row(
                 L, "muon_linear", "marin", f"Muon's gap grows about linearly in tau: gap(tau {hi.delay}) / gap(tau 2) "
-                f"({how})", f"{hi.name} / {two.name}", g_hi, g_two, issues=R.issues((two.name, "muon", "delayed")),
+                f"({how})", f"{hi.name} / {two.name}", g_hi, g_two, **blocks,
                 caveat="linear is 4; marin measured 0.85 / 0.14 = 6.1 with one lr for every tau",
                 alternative=f"{alt}; the ratio is {others}"))
     for s in ([hi] if two is None or two is hi else [two, hi]):
@@ -327,16 +355,18 @@ def _marin(R: _Runs, L, lo, hi, scale: str) -> list[dict]:
                 continue
             claim = ("weight prediction along the applied update closes about half of Muon's gap"
                      if mode == "predict" else "prediction along the raw momentum is worse than no correction")
+            lrs = f"{mode} ran at lr {cell[0].cell.lr:g}, delayed at lr {R.cell(s.name, 'muon', 'delayed')[0].cell.lr:g}"
             rows.append(_share_row(L, key, "marin", f"{claim} ({s.name})", f"{s.name}: {mode}'s share of the gap",
                                    R.cell(s.name, "muon", "sync"), R.cell(s.name, "muon", "delayed"), cell,
-                                   issues=R.issues((s.name, "muon", "sync"), (s.name, "muon", "delayed")),
+                                   **R.blocks(*[(s.name, "muon", m) for m in ("sync", "delayed", "predict")]),
                                    caveat="marin: 53% at tau 2, 45% at tau 8" if mode == "predict" else
-                                   "the raw momentum extrapolated as tau lr m, at prediction's lr", alternative=alt))
+                                   "the raw momentum extrapolated as tau lr m, at prediction's lr",
+                                   alternative=f"{alt}; {lrs}"))
     if R.has(hi.name, "muon", "dc-asgd-a"):
         rows.append(_share_row(L, "dc_asgd_small", "marin", f"DC-ASGD recovers at most 3% of Muon's gap ({hi.name})",
                                f"{hi.name}: DC-ASGD-a's share of the gap",
                                *(R.cell(hi.name, "muon", m) for m in ("sync", "delayed", "dc-asgd-a")),
-                               issues=R.issues((hi.name, "muon", "dc-asgd-a")),
+                               **R.blocks(*[(hi.name, "muon", m) for m in ("sync", "delayed", "dc-asgd-a")]),
                                caveat="the adaptive form (lambda0 = 2), as marin's EMA variant", alternative=alt))
     for s, twin, _ in _per_stage(p):
         if twin is not None and R.has(twin.name, "muon", "delayed") and R.has(s.name, "muon", "delayed"):
@@ -344,7 +374,7 @@ def _marin(R: _Runs, L, lo, hi, scale: str) -> list[dict]:
                 L, "per_stage_milder", "marin", f"a per-stage profile (last stage fresh) costs about 3.3x less than a "
                 f"uniform delay of its depth (P = {len(s.delay)})", f"gap at {twin.name} / gap at {s.name}",
                 R.gap(twin.name, "muon"), R.gap(s.name, "muon"),
-                issues=R.issues((s.name, "muon", "delayed"), (twin.name, "muon", "delayed")),
+                **R.blocks(*[(x.name, "muon", m) for x in (s, twin) for m in ("sync", "delayed")]),
                 caveat=f"marin: 6 stages against tau 5; here {len(s.delay)} stages against tau {twin.delay}",
                 alternative=alt))
     if field is not None and len(field["budgets"]) >= 2:
@@ -361,8 +391,10 @@ def _overhead_row(R: _Runs, L, alt: str) -> dict:
                                                                                                      (long_, b))}
     ch = S.change(S.sample(per[long_]), S.sample(per[short]))
     reached = all(v is not None for vs in per.values() for v in vs)
-    text = (_change_text(ch, "+.2f") + f"; overhead {S.fmt(S.sample(per[short])['mean'], '.2f')}x at {short:g}x "
-            f"the updates, {S.fmt(S.sample(per[long_])['mean'], '.2f')}x at {long_:g}x")
+    def mean(k):
+        return "not reached" if None in per[k] else f"{S.fmt(S.sample(per[k])['mean'], '.2f')}x"
+
+    text = _change_text(ch, "+.2f") + f"; overhead {mean(short)} at {short:g}x the updates, {mean(long_)} at {long_:g}x"
     runs = [r for v in (a, b) for x in v.values() for r in (x["sync"], *x["runs"])]
     return _row("overhead_falls", "marin", f"the iso-loss token overhead falls with the budget ({f.budget_setting}, "
                 f"{f.optimizer})", f"overhead at {short:g}x minus at {long_:g}x the updates",
@@ -371,7 +403,8 @@ def _overhead_row(R: _Runs, L, alt: str) -> dict:
                 inputs={"kind": "overhead", **{name: [[x["sync"].folder, [r.folder for r in x["runs"]]]
                                                       for x in v.values()] for name, v in (("second", a),
                                                                                           ("first", b))}},
-                issues=S.issues_of(L.records(runs)),
+                **{**R.blocks((f.budget_setting, f.optimizer, "delayed"), (f.budget_setting, f.optimizer, "sync")),
+                   "issues": S.issues_of(L.records(runs))},
                 caveat="both budgets at the shorter one's lrs; marin: 1.33x at 6k updates, 1.16x at 15k",
                 alternative=alt)
 
@@ -415,16 +448,19 @@ def examination(L) -> dict:
     field = R.field or {"held": {}, "retuned": {}, "raw_momentum": {}}
     out: dict = {"curve": [], "prediction": []}
 
-    def gap(s, runs=None):
-        return S.sample(_values(_combo(L, R.gap(s.name, "muon", runs=runs))))
-
     for s in R._uniform():
-        entry = {"setting": s.name, "tau": s.delay, "protocol": gap(s), "lr": R.cell(s.name, "muon", "delayed")[0].cell.lr}
+        entry = {"setting": s.name, "tau": s.delay, "lr": R.cell(s.name, "muon", "delayed")[0].cell.lr, "inputs": {}}
+        cells = {"protocol": None}
         if s.name in field["retuned"]:
-            entry.update(tuned=gap(s, field["retuned"][s.name]["cell"]),
-                         tuned_lr=field["retuned"][s.name]["grid"]["best"]["delayed"])
+            cells["tuned"] = field["retuned"][s.name]["cell"]
+            entry["tuned_lr"] = field["retuned"][s.name]["grid"]["best"]["delayed"]
         if s.name in field["held"]:
-            entry.update(held=gap(s, field["held"][s.name]), held_lr=field["held"][s.name][0].cell.lr)
+            cells["held"] = field["held"][s.name]
+            entry["held_lr"] = field["held"][s.name][0].cell.lr
+        for rule, runs in cells.items():
+            terms = R.gap(s.name, "muon", runs=runs)
+            entry[rule] = S.sample(_values(_combo(L, terms)))
+            entry["inputs"][rule] = {"kind": "mean", "terms": _folders(terms)}
         out["curve"].append(entry)
         for mode in ("predict", "predict-momentum"):
             cell = field["raw_momentum"].get(s.name) if mode == "predict-momentum" else R.cells.get(
@@ -433,7 +469,10 @@ def examination(L) -> dict:
                 rec = metrics.recovery(R.loss(s.name, "muon", "sync"), R.loss(s.name, "muon", "delayed"),
                                        _losses(L, cell))
                 out["prediction"].append({"setting": s.name, "mode": mode, "lr": cell[0].cell.lr,
-                                          **{k: rec[k] for k in ("ratio_of_means", "ci", "set", "n")}})
+                                          **{k: rec[k] for k in ("ratio_of_means", "ci", "set", "n")},
+                                          "inputs": {"kind": "share", "fix": [r.folder for r in cell], **{
+                                              m: [r.folder for r in R.cell(s.name, "muon", m)]
+                                              for m in ("sync", "delayed")}}})
     return out
 
 

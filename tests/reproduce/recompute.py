@@ -154,22 +154,24 @@ def toy_holds(runs) -> tuple[int, int]:
     return held, len(toys)
 
 
-def delay_gap(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
+def delay_gap(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync", lr=None):
     """A delay-axis cell's gap: ``mode`` at its lr in the setting's folder (the best of its grid where
-    the setting was tuned, its one lr where not) minus sync at its best lr, per seed, with the t interval."""
+    the setting was tuned, its one lr where not; ``lr`` where given: an interpolated lr in a folder that
+    another part's runs share) minus sync at its best lr, per seed, with the t interval."""
     variant = f"delays-{setting}"
     sync_lr = best_lr(runs, optimizer, "sync", momentum, variant="delays-sync")
-    lr = best_lr(runs, optimizer, mode, momentum, variant=variant)
+    lr = lr or best_lr(runs, optimizer, mode, momentum, variant=variant)
     sync = by_seed(runs, optimizer=optimizer, mode="sync", lr=sync_lr, momentum=momentum, variant=sync_variant)
     other = by_seed(runs, optimizer=optimizer, mode=mode, lr=lr, momentum=momentum, variant=variant)
     per = {s: other[s] - sync[s] for s in sorted(set(sync) & set(other))}
     return per, t_interval(list(per.values()))
 
 
-def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
-    """The share (%) of the plain gap ``mode`` recovers at a delay setting, and its Fieller interval."""
-    plain, _ = delay_gap(runs, optimizer, setting, "delayed", momentum, sync_variant)
-    fixed, _ = delay_gap(runs, optimizer, setting, mode, momentum, sync_variant)
+def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync", lrs=(None, None)):
+    """The share (%) of the plain gap ``mode`` recovers at a delay setting, and its Fieller interval
+    (``lrs``: the delayed and the mode's lr where given, as :func:`delay_gap`)."""
+    plain, _ = delay_gap(runs, optimizer, setting, "delayed", momentum, sync_variant, lrs[0])
+    fixed, _ = delay_gap(runs, optimizer, setting, mode, momentum, sync_variant, lrs[1])
     return recovered(fixed, plain)
 
 

@@ -198,10 +198,14 @@ def recomputed(folder: Path) -> dict[str, str]:
         assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
         quoted["toy"] = f"{held}/{n}"
     if "delays" in parts:
+        # an interpolated lr by the row's own lr (the field part shares those folders, other lrs beside it)
+        given = {(r["setting"], r["optimizer"], r["mode"]): None if r["tuned"] else r["lr"]
+                 for r in parts["delays"]["rows"]}
         for row in parts["delays"]["rows"]:
             sync_variant = row["runs"]["sync"][0].split("/")[1]  # llm/<variant>/cells/<run>
+            here = (row["setting"], row["optimizer"])
             per, (m, ci) = R.delay_gap(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
-                                       sync_variant)
+                                       sync_variant, given[(*here, row["mode"])])
             assert _close(m, row["gap"]["mean"], 1e-12) and _same_interval(ci, row["gap"]["ci"])
             quoted[f"{row['optimizer']} {row['setting']} {row['mode']} gap"] = _gap(m, ci)
             if row["setting"] == "uniform-0-4" and row["mode"] == "delayed":
@@ -215,7 +219,7 @@ def recomputed(folder: Path) -> dict[str, str]:
                                                                            f"{100 * ci[1] / g2:+.0f}%")
             if "recovered" in row:
                 rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
-                                            sync_variant)
+                                            sync_variant, (given[(*here, "delayed")], given[(*here, row["mode"])]))
                 assert _close(rec, row["recovered"]["ratio_of_means"]) and _same_interval(rci, row["recovered"]["ci"])
                 quoted[f"{row['optimizer']} {row['setting']} {row['mode']} recovers"] = _share(rec, rci)
     if "field" in parts:  # the field's claims (docs/field.md): each row from the run folders it names
@@ -229,6 +233,16 @@ def recomputed(folder: Path) -> dict[str, str]:
                                                 if row["unit"] == "x" and row["inputs"]["kind"] == "ratio" else
                                                 _gap(value, ci) if ci else f"{value:+.3f} (no interval)")
             quoted[f"field state: {row['claim']}"] = f"{row['claim']} | {row['state']}"
+        ex = parts["field"].get("examination") or {}
+        for e in ex.get("curve", []):  # Muon's gap at each tau under each lr rule
+            for rule, inputs in e["inputs"].items():
+                m, ci = R.field_claim(runs, {"inputs": inputs})
+                assert _close(m, e[rule]["mean"]) and _same_interval(ci, e[rule]["ci"]), (e["setting"], rule)
+                quoted[f"field curve {rule} tau {e['tau']}"] = _gap(m, ci)
+        for e in ex.get("prediction", []):
+            v, ci = R.field_claim(runs, {"inputs": e["inputs"]})
+            assert _close(v, e["ratio_of_means"]) and _same_interval(ci, e["ci"]), (e["setting"], e["mode"])
+            quoted[f"field {e['mode']} {e['setting']}"] = _share(v, ci)
     return quoted
 
 
