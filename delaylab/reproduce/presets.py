@@ -537,10 +537,10 @@ PRESETS: dict[str, Preset] = {
         field=FieldGrid(optimizer="muon", held=("tau-2", "tau-4", "tau-8"), retuned=("tau-2", "tau-4"),
                         raw_momentum=("tau-2", "tau-8"), random="uniform:0-8", drop=4, budget_setting="tau-4",
                         budgets=(1.0, 2.5), seeds=3, scan_seeds=1),
-        estimate="at least 260 runs (more where an lr grid grows at an edge or a delayed run needs a longer rerun to "
-                 "reach sync's loss); about 130 min on 2 cores, 2 runs at a time, from single runs measured on the "
-                 "shared 2-core machine at a load average of 8 to 10: 220 updates of the 2-layer model take 20 s "
-                 "(AdamW), 34 s (Muon) and 44 s (rotated Adam), the 4-layer one 3.8x AdamW's, the 8-layer one about 7x",
+        estimate="at least 260 runs (321 in the committed report, where lr grids grew at their edges); 29.5 min on 2 "
+                 "cores, 2 runs at a time, at a load average of 3.7 (measured, the committed report); at a load of 8 "
+                 "to 10 single runs take 2-4x longer (220 updates of the 2-layer model: 20 s AdamW, 34 s Muon, 44 s "
+                 "rotated Adam; 4 layers 3.8x AdamW's), about 130 min",
         notes=("sized for two hours of 2 cores (the estimate above): lr grids decided on one "
                "seed, 3 seeds per cell, 2 on the 8-layer model, the 4- and 8-layer settings at the lrs of the "
                "2-layer one; momentum's effect is the cpu-small report's finding 3, not rerun here",),
