@@ -27,7 +27,8 @@ def register(sub) -> None:
                    help=f"grid: {', '.join(PRESETS)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
                         "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-tokens-2: the same axis with tokens, "
                         "updates and the lr's decay moved one at a time; cpu-delays: the delay axis; each within 90 "
-                        "min on 2 CPU cores; ci, ci-delays, ci-tokens: seconds)")
+                        "min on 2 CPU cores; cpu-field: the field's claims side by side, about 30 min; ci, "
+                        "ci-delays, ci-tokens, ci-field: seconds)")
     p.add_argument("action", nargs="?", choices=["claims"],
                    help="claims: list every reading of data that README.md and docs/ state, with its interval, "
                         "claimed region and verdict (from the committed reports; --render rewrites the pages' "
@@ -39,8 +40,8 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--rescore", action="store_true",
                    help="re-score the report already in --out (report.json, runs.jsonl) under this version's verdict "
-                        "rule and rewrite report.json/report.md; runs no GPT run (the seeded toy EF comparison is "
-                        "rerun, seconds); prints every verdict whose state changed")
+                        "rule and rewrite report.json/report.md; runs no run (every result is read from runs.jsonl); "
+                        "prints every verdict whose state changed")
     add_config_flags(p, only=RUN_OVERRIDES, title="every GPT run of the report (the config's fields)")
     add_json_flag(p)
     p.set_defaults(func=cmd_reproduce)

@@ -92,7 +92,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    optimizer: str = _f("adamw", "adamw, muon, lion, soap, adan, mars, sgd or lmo")
+    optimizer: str = _f("adamw", "adamw, muon, lion, soap, adan, mars, rotated-adam, sgd or lmo")
     lr: float | None = _f(None, "peak learning rate (default: the optimizer's)", range="(0, inf)")
     momentum: float | None = _f(None, "the optimizer's momentum knob (AdamW beta1, Muon momentum, ...)", range="[0, 1)")
     weight_decay: float | None = _f(None, "weight decay (default: the optimizer's)", range="[0, inf)")
@@ -310,7 +310,7 @@ class Config:
         made here, once, and handed to ``Delayed``."""
         names, d = corrections.parse(self.delay.correction), self.delay
         known = {f.name for f in fields(DelayConfig)}
-        return corrections.build(names, **{kw: getattr(d, kw) for n in names
+        return corrections.build(self.delay.correction, **{kw: getattr(d, kw) for n in names
                                            for kw in corrections.CORRECTORS[n].factory.keywords if kw in known})
 
     def ns_dtype(self) -> str | None:
@@ -495,10 +495,13 @@ def _check_combinations(cfg: Config, engine: str) -> None:
         if engine == "pipeline" or par.schedule is not None:
             raise ConfigError("--delay-dist is for the simulator (`delaylab llm train`): a pipeline schedule sets its "
                               "own delays")
-        queued = [n for n in corrections.parse(dl.correction) if n.startswith("dc-asgd")]
+        queued = [n for n in corrections.parse(dl.correction) if n.startswith("dc-asgd") or n == "predict-momentum"]
         if queued:
             raise ConfigError(f"correction {queued[0]} is not defined for a delay distribution (ef, predict, "
-                              f"lookahead and damp are)")
+                              f"lookahead, damp and drop are)")
+    elif "drop" in corrections.parse(dl.correction):
+        raise ConfigError("correction drop:K discards gradients by their delay: it needs --delay-dist (under a "
+                          "constant delay every gradient has the same age)")
     if dl.correction != "none" and not cfg.delayed:
         raise ConfigError(f"correction {dl.correction!r} needs a delay (--delay 1, or a delayed schedule)")
     model = cfg.model_config(256)

@@ -37,16 +37,31 @@ from delaylab import stats
 from delaylab.llm import metrics
 from delaylab.llm.checkpoint import ROOT, latest_complete
 from delaylab.llm.config import CORRECTIONS_BY_ENGINE, Config
+from delaylab.optim.corrections import CORRECTORS
 from delaylab.run_folder import METRICS
 from delaylab.llm.run.setup import resolve
 from delaylab.llm.run.trainer import train
 
 # Sweep mode -> (delayed?, correction). A delayed mode uses the base's delay (default 1). A corrector
 # list is a mode named with "+" (``--modes`` is a comma list): ef+predict is the one the delay axis runs.
+# A corrector that takes an argument is a mode written ``name-K`` (``drop-4``: correction drop:4).
 SWEEP_MODES = {"sync": (False, "none"), "delayed": (True, "none"),
-               **{c: (True, c) for c in CORRECTIONS_BY_ENGINE["simulator"] if c != "none"},
+               **{c: (True, c) for c in CORRECTIONS_BY_ENGINE["simulator"]
+                  if c != "none" and CORRECTORS[c].argument is None},
                "ef+predict": (True, "ef,predict")}
 FIXES = tuple(m for m in SWEEP_MODES if m not in ("sync", "delayed"))  # the corrected modes
+
+
+def mode_setting(mode: str) -> tuple[bool, str]:
+    """(delayed?, correction) of a sweep mode: a :data:`SWEEP_MODES` key, or ``name-K`` for a
+    corrector that takes an argument (``drop-4``)."""
+    if mode in SWEEP_MODES:
+        return SWEEP_MODES[mode]
+    name, _, k = mode.rpartition("-")
+    if name in CORRECTORS and CORRECTORS[name].argument is not None and k.isdigit():
+        return True, f"{name}:{int(k)}"
+    with_arg = [f"{n}-K" for n, e in CORRECTORS.items() if e.argument is not None]
+    raise ConfigError(f"unknown sweep mode {mode!r} (choose from {', '.join([*SWEEP_MODES, *with_arg])})")
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,7 @@ class Cell:
         return f"{self.optimizer}_{self.mode}_lr{self.lr:g}_m{mom}_s{self.seed}"
 
     def config(self, base: Config) -> Config:
-        delayed, correction = SWEEP_MODES[self.mode]
+        delayed, correction = mode_setting(self.mode)
         dist = base.delay.delay_dist if delayed else None  # a delayed mode keeps the base's --delay-dist
         delay = 0 if dist is not None or not delayed else (base.delay.delay or 1)
         cfg = base.replace(optimizer=self.optimizer, delay=delay, delay_dist=dist, correction=correction,
@@ -75,8 +90,7 @@ def plan(base: Config, optimizers, modes, lrs=None, momenta=None, seeds=1) -> li
     """The cells of the grid. ``lrs`` and ``momenta``: a list for every optimizer, or
     ``{optimizer: [...]}``; ``None`` (or a missing optimizer) uses the optimizer's default."""
     for m in modes:
-        if m not in SWEEP_MODES:
-            raise ConfigError(f"unknown sweep mode {m!r} (choose from {', '.join(SWEEP_MODES)})")
+        mode_setting(m)
     seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not seeds or not optimizers or not modes:
         raise ConfigError("a sweep needs at least one optimizer, mode and seed")

@@ -5,7 +5,9 @@
   theory analyses.
 - :class:`CombinedOptimizer` (:mod:`~delaylab.optim.combined`): several optimizers over disjoint
   parameters as one.
-- :func:`build_optimizer` (:mod:`~delaylab.optim.registry`): the paper's optimizers by name.
+- :func:`build_optimizer` (:mod:`~delaylab.optim.registry`): the paper's optimizers by name, and
+  :class:`RotatedAdam` (:mod:`~delaylab.optim.rotated_adam`, basis rotation: Adam in the eigenbasis of
+  the gradient's Kronecker factors).
 - :class:`Delayed` (:mod:`~delaylab.optim.delayed`): stale gradients for any torch optimizer, with
   PipeDream-2BW's start-up convention. It composes
   :class:`~delaylab.optim.queue.DelayQueue` (tau, per-group tau, sync start / cooldown), or a
@@ -31,7 +33,7 @@ _WHERE = {
     "register_per_parameter": "capabilities", "CombinedOptimizer": "combined", "CORRECTIONS": "corrections",
     "Delayed": "delayed", "DelayDistribution": "queue", "NORMS": "lmo", "dual_norm": "lmo", "newton_schulz": "lmo",
     "primal_norm": "lmo", "LMOMomentum": "lmo_momentum", "DEFAULTS": "registry", "OPTIMIZERS": "registry",
-    "build_optimizer": "registry",
+    "build_optimizer": "registry", "RotatedAdam": "rotated_adam",
 }
 __all__ = sorted(_WHERE)
 

@@ -10,7 +10,8 @@ config and the command line read it); a corrector's class is imported when one i
 point (:mod:`delaylab.optim.corrector`).
 
 **Valid lists.** Any list of distinct names with at most one corrector per target
-(:data:`TARGETS`, each with the reason); ``none`` is the empty list.
+(:data:`TARGETS`, each with the reason); ``none`` is the empty list. A corrector whose entry has an
+``argument`` takes it after a colon, and needs it: ``drop:4`` (the staleness threshold K = 4).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Entry:
     target: str  # what it corrects: a key of TARGETS
     summary: str  # for --help
     lagged: bool = False  # takes the gradients' staleness as ``lag``: runs in a pipeline stage (delay 0)
+    argument: str | None = None  # the constructor parameter that ``name:value`` sets (an int)
 
     @property
     def factory(self) -> type:
@@ -42,6 +44,7 @@ TARGETS = {
                 "(prediction by taking it ahead, DC-ASGD by a Taylor step from the snapshot), so two "
                 "would correct that drift twice",
     "lr": "both would set the lr of the delayed update",
+    "staleness": "both would decide which stale gradients are discarded",
 }
 
 CORRECTORS = {
@@ -50,19 +53,46 @@ CORRECTORS = {
     "dc-asgd-a": Entry("dc_asgd.DCASGDAdaptive", "gradient", "dc-asgd with lambda = lambda0 / sqrt(EMA of g*g)"),
     "predict": Entry("prediction.WeightPrediction", "gradient", "gradient at predicted weights x - tau u_last"),
     "lookahead": Entry("prediction.Lookahead", "gradient", "gradient at the Nesterov point x - gamma u_last"),
+    "predict-momentum": Entry("momentum_prediction.MomentumPrediction", "gradient",
+                              "gradient at x - tau lr m, m the raw momentum (marin's variant)"),
     "damp": Entry("damping.LrDamping", "lr", "lr / (1 + c tau)"),
+    "drop": Entry("stale_threshold.StalenessThreshold", "staleness",
+                  "drop:K, a gradient older than K updates is discarded (Ringmaster; with --delay-dist)", argument="k"),
 }
 
 NAMES = CORRECTIONS = ("none", *CORRECTORS)  # the single names
 PIPELINE = ("none", *(n for n, e in CORRECTORS.items() if e.lagged))  # what a pipeline stage can run
 
 
-def parse(spec: str | Sequence) -> tuple[str, ...]:
-    """The names in ``spec`` (``"ef,damp"``, ``["ef", "damp"]``, corrector objects, ``"none"``)
-    in the registry's order; an unknown name or an invalid list is a one-line ConfigError."""
+def _arguments(spec: str | Sequence) -> dict[str, int]:
+    """``{name: value}`` of the items written ``name:value`` (checked: an int, for a corrector that
+    takes one); a corrector that takes an argument and is named without one is an error."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
-    names = [(i.strip() if isinstance(i, str) else getattr(i, "name", repr(i))) for i in items]
+    out = {}
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            continue
+        name, colon, value = (x.strip() for x in item.partition(":"))
+        entry = CORRECTORS.get(name)
+        if entry is None:
+            continue  # parse() names it
+        if entry.argument is None and colon:
+            raise ConfigError(f"correction {name} takes no argument, got {item.strip()!r}")
+        if entry.argument is not None:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                raise ConfigError(f"correction {name} needs an integer: {name}:K, got {item.strip()!r}") from None
+    return out
+
+
+def parse(spec: str | Sequence) -> tuple[str, ...]:
+    """The names in ``spec`` (``"ef,damp"``, ``["ef", "damp"]``, corrector objects, ``"none"``,
+    ``"drop:4"``) in the registry's order; an unknown name or an invalid list is a one-line ConfigError."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [(i.partition(":")[0].strip() if isinstance(i, str) else getattr(i, "name", repr(i))) for i in items]
     names = [n for n in names if n]
+    _arguments(spec)
     if names == ["none"]:
         return ()
     for n in names:
@@ -78,8 +108,10 @@ def parse(spec: str | Sequence) -> tuple[str, ...]:
 
 
 def canonical(spec: str | Sequence) -> str:
-    """``spec`` as the config stores it: the names in the registry's order, or ``"none"``."""
-    return ",".join(parse(spec)) or "none"
+    """``spec`` as the config stores it: the names in the registry's order (with their arguments),
+    or ``"none"``."""
+    args = _arguments(spec)
+    return ",".join(f"{n}:{args[n]}" if n in args else n for n in parse(spec)) or "none"
 
 
 def help_text() -> str:
@@ -118,10 +150,15 @@ def build(spec: str | Sequence, **keywords) -> list:
             raise TypeError(f"unexpected keyword argument {kw!r} (corrector keywords: {', '.join(owner)})")
         if value is not None:
             args.setdefault(owner[kw], {})[classes[owner[kw]].keywords[kw]] = value
+    for n, value in _arguments(items).items():
+        args.setdefault(n, {})[CORRECTORS[n].argument] = value
     built = {n: classes[n](**a) for n, a in args.items()}
     twice = sorted(set(objects) & set(built))
     if twice:
         raise ConfigError(f"{twice[0]} is given both as an object and by keywords; configure it once")
+    unset = [n for n in names if CORRECTORS[n].argument is not None and n not in objects and n not in built]
+    if unset:
+        raise ConfigError(f"correction {unset[0]} needs its argument: {unset[0]}:K")
     return [objects.get(n) or built.get(n) or classes[n]() for n in names]
 
 

@@ -10,7 +10,8 @@ needs. In the order :class:`~delaylab.optim.delayed.Delayed` calls them on one c
    forward/backward runs at ``x - alpha t`` (weight prediction, look-ahead);
 2. the queue (:meth:`~Corrector.on_push`, :meth:`~Corrector.on_pop`,
    :meth:`~Corrector.on_drop`): something kept beside each queued gradient, and the popped
-   gradient corrected (DC-ASGD);
+   gradient corrected (DC-ASGD); under a delay distribution, :meth:`~Corrector.discards`: a
+   gradient too stale is not applied (the staleness threshold);
 3. the lr (:meth:`~Corrector.scale_lr`): the lr the inner step runs with (damping);
 4. around the inner step, per parameter (:meth:`~Corrector.wraps`, :meth:`~Corrector.before`,
    :meth:`~Corrector.after`, or their group forms :meth:`~Corrector.before_all`,
@@ -33,6 +34,7 @@ class Update(NamedTuple):
     group: int  # the param group's index
     tau: int  # the group's delay
     delayed: bool  # made in a delayed phase (False in a sync start / cooldown)
+    param_group: dict | None = None  # the group's dict (its lr and momentum), where the wrapper gives it
 
 
 class Corrector:
@@ -62,7 +64,12 @@ class Corrector:
         group's next update, ``ahead`` the updates its gradient will wait for."""
         return None
 
-    # 2. the queue
+    # 2. the queue (under a delay distribution, where nothing is queued: whether a gradient is used)
+    def discards(self, update: Update) -> bool:
+        """Whether the gradient of this call is discarded: no update is made with it (a staleness
+        threshold). Called only under a delay distribution, with the call's delay as ``tau``."""
+        return False
+
     def on_push(self, p: torch.Tensor, st: dict) -> None:
         """``p.grad`` is about to be queued."""
 

@@ -131,6 +131,10 @@ class Delayed(Optimizer):
                               f"defined for a delay distribution (use ef, predict, lookahead or damp)")
         for c in self.correctors:
             c.bind([self._nominal] * n if self.dist is not None else list(delays))
+        self._droppers = [c for c in self.correctors if overrides(c, "discards")]
+        if self._droppers and self.dist is None:
+            raise ConfigError(f"correction {self._droppers[0].name} discards gradients by their delay: it needs a delay "
+                              f"distribution (under a constant delay every gradient has the same age)")
         self._shifters = [c for c in self.correctors if overrides(c, "weight_shift")]
         self._scalers = [c for c in self.correctors if overrides(c, "scale_lr")]
         self._wrappers = [c for c in self.correctors if overrides(c, "wraps")]
@@ -146,6 +150,9 @@ class Delayed(Optimizer):
         self.param_groups = inner.param_groups
         self.updated = False
         self._taken_at: int | None = None  # with a distribution: the update whose gradient point was set
+        # With a distribution: the delays drawn so far, one per call (tau_c = dist(c)); equal to the
+        # update count unless a staleness threshold discarded some calls' gradients.
+        self._draws = 0
 
     @property
     def _nominal(self):
@@ -253,7 +260,7 @@ class Delayed(Optimizer):
         for gi, group in enumerate(self.param_groups):
             delayed = advance(gi, group)
             if delayed is not None:
-                updates.append((group, Update(gi, self.delays[gi], delayed)))
+                updates.append((group, Update(gi, self.delays[gi], delayed, group)))
             else:
                 idle += [(p, p.grad) for p in group["params"] if p.grad is not None]
         self.updated = bool(updates)
@@ -281,13 +288,18 @@ class Delayed(Optimizer):
                               "forward/backward inside `with opt.predicted_weights():` (the trainer does)")
         self._taken_at = None
         tau = self._tau(k)
+        if self.queue.ahead(0) is not None:
+            self._draws += 1
+            if any(c.discards(Update(0, tau, self.queue.delayed_phase(k))) for c in self._droppers):
+                self.updated = False  # the gradient is discarded: no update, nothing changes
+                return loss
         keep = self.dist.max + (1 if self._shifters else 0)  # versions the next gradient points need
         updates: list[tuple[dict, Update]] = []
         for gi, group in enumerate(self.param_groups):
             delayed = self.queue.advance(gi, group["params"], self.state)  # counts, phases; queues nothing
             if delayed is None:
                 continue
-            updates.append((group, Update(gi, tau, delayed)))
+            updates.append((group, Update(gi, tau, delayed, group)))
             for p in group["params"] if keep else ():  # x_k, before update k: a future gradient point
                 versions = self.state[p].setdefault("versions", [])
                 versions.append(versions.pop(0).copy_(p) if len(versions) == keep else p.detach().clone())
@@ -298,8 +310,9 @@ class Delayed(Optimizer):
         return loss
 
     def _tau(self, k: int) -> int:
-        """The delay of update ``k``: ``tau_k`` in a delayed phase, else 0."""
-        return self.dist(k) if self.queue.delayed_phase(k) else 0
+        """The delay of the next call's gradient (update ``k`` if it is applied): the distribution's draw
+        for that call in a delayed phase, else 0. Without discards the draw index is ``k``."""
+        return self.dist(self._draws) if self.queue.delayed_phase(k) else 0
 
     @contextmanager
     def _scaled_lrs(self, updates: list[tuple[dict, Update]]):
@@ -367,7 +380,7 @@ class Delayed(Optimizer):
             ahead = self.queue.ahead(gi)
             if ahead is None:  # the group is done
                 continue
-            update = Update(gi, self.delays[gi], self.queue.delayed_phase(self.queue.updates[gi]))
+            update = Update(gi, self.delays[gi], self.queue.delayed_phase(self.queue.updates[gi]), group)
             for p in group["params"]:
                 st = self.state.get(p)
                 moves = [m for c in self._shifters if st and (m := c.weight_shift(st, update, ahead))]
@@ -390,7 +403,7 @@ class Delayed(Optimizer):
             return p if j == k else self.state[p]["versions"][j - k] if j >= 0 else None
 
         for gi, group in enumerate(self.param_groups):
-            update = Update(gi, tau, self.queue.delayed_phase(k))
+            update = Update(gi, tau, self.queue.delayed_phase(k), group)
             for p in group["params"]:
                 base = version(p, v)
                 prev = version(p, v - 1) if self._shifters else None
@@ -439,7 +452,7 @@ class Delayed(Optimizer):
                 "updates": list(self.queue.updates),
                 "queued": list(self.queue.queued),
                 # a distribution's generator is counter-based: its whole state, tau_k = f(seed, k)
-                "delay_rng": None if self.dist is None else {"seed": self.dist.seed, "draws": min(self.queue.updates)},
+                "delay_rng": None if self.dist is None else {"seed": self.dist.seed, "draws": self._draws},
                 "updated": self.updated,
                 "buffers": buffers,
             },
@@ -472,6 +485,7 @@ class Delayed(Optimizer):
         self.queue.queued = list(ours["queued"])
         self.updated = ours["updated"]
         self._taken_at = None
+        self._draws = (ours.get("delay_rng") or {}).get("draws", min(self.queue.updates, default=0))
 
     def children(self) -> list[Optimizer]:
         return [self.inner]

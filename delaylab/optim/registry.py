@@ -11,6 +11,8 @@ lion     pytorch_optimizer.Lion        (Chen et al. 2023)
 soap     pytorch_optimizer.SOAP        (Vyas et al. 2024)
 adan     pytorch_optimizer.Adan        (Xie et al. 2022)
 mars     pytorch_optimizer.MARS        (Yuan et al. 2024)
+rotated-adam  delaylab.optim.RotatedAdam (Jung et al. 2026, basis rotation: Adam in the eigenbasis of the
+         gradient's Kronecker factors) on hidden 2-D matrices + AdamW on the rest, muon's split
 sgd      torch.optim.SGD with momentum
 lmo      delaylab.optim.LMOMomentum    (the method the theory analyses; spectral by default)
 =======  =================================================================================
@@ -55,12 +57,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "soap": dict(lr=3e-3, betas=(0.95, 0.95), weight_decay=0.01, precondition_frequency=10),
     "adan": dict(lr=1e-3, betas=(0.98, 0.92, 0.99), weight_decay=0.02),
     "mars": dict(lr=3e-3, betas=(0.95, 0.99), weight_decay=0.0),
+    # AdamW's betas and decay, so that AdamW against rotated-adam isolates the rotation
+    "rotated-adam": dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, precondition_frequency=10),
     "sgd": dict(lr=0.1, momentum=0.9, weight_decay=0.0),
     "lmo": dict(lr=0.02, beta=0.95, norm="spectral"),
 }
 OPTIMIZERS = tuple(DEFAULTS)
 THIRD_PARTY = {"lion": "Lion", "soap": "SOAP", "adan": "Adan", "mars": "MARS"}
-_BETA1_MOMENTUM = ("adamw", "soap", "adan", "mars")
+_BETA1_MOMENTUM = ("adamw", "soap", "adan", "mars", "rotated-adam")
 _NO_MUON_NAME_PARTS = ("embed", "head", "wte", "wpe", "lm_head")
 
 
@@ -171,6 +175,20 @@ def _muon_in_param_dtype(params: list[torch.Tensor], hp: dict, ns_dtype: torch.d
     )
 
 
+def _rotated_adam(named, excluded, hp: dict) -> Optimizer:
+    """RotatedAdam on the hidden matrices, AdamW (the same lr, betas and decay) on the rest."""
+    from delaylab.optim.rotated_adam import RotatedAdam
+
+    wd = hp.pop("weight_decay")
+    hidden = [p for _, p in named if p.ndim == 2 and id(p) not in excluded]
+    rest = [(n, p) for n, p in named if not (p.ndim == 2 and id(p) not in excluded)]
+    parts = [_construct(RotatedAdam, hidden, "rotated-adam", weight_decay=wd, **hp)] if hidden else []
+    if rest:
+        adam = {k: v for k, v in hp.items() if k in ("lr", "betas", "eps")}
+        parts.append(_construct(torch.optim.AdamW, _decay_groups(rest, wd), "rotated-adam", **adam, **_fused(rest, adam)))
+    return parts[0] if len(parts) == 1 else CombinedOptimizer(parts)
+
+
 def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
     """Build optimizer ``name`` (see the module docstring) over a model or a list of tensors."""
     key = name.lower()
@@ -205,6 +223,8 @@ def build_optimizer(name: str, model_or_params, **hparams) -> Optimizer:
     if key == "adamw":
         wd = hp.pop("weight_decay")
         return _construct(torch.optim.AdamW, _decay_groups(named, wd), key, **hp, **_fused(named, hp))
+    if key == "rotated-adam":
+        return _rotated_adam(named, excluded, hp)
     if key == "muon":
         adam = {"lr": hp.pop("adam_lr"), "betas": hp.pop("adam_betas"), "weight_decay": hp.pop("adam_weight_decay")}
         hidden = [p for _, p in named if p.ndim == 2 and id(p) not in excluded]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 from pathlib import Path
 
 from delaylab.errors import ConfigError, Preempted
@@ -35,7 +36,7 @@ from delaylab._io import jsonable, write_json
 from delaylab.reproduce.presets import PRESETS, Preset, get_preset
 
 SPEC = "reproduce.json"
-GRID_FIELDS = ("llm", "schedules", "toy", "scale", "delays")  # what decides the runs (names and notes may change)
+GRID_FIELDS = ("llm", "schedules", "toy", "scale", "delays", "field")  # what decides the runs (names and notes may change)
 
 __all__ = ["PRESETS", "Preset", "get_preset", "reproduce"]
 
@@ -66,6 +67,8 @@ def reproduce(preset: str | Preset, out, jobs: int = 2, progress: bool | None = 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_folder(p, out)
+    if p.estimate:
+        print(f"reproduce {p.name}: {p.estimate}", file=sys.stderr, flush=True)
     base = p.base
     load_dataset(base.get("data", "shakespeare"), base.get("tokenizer", "byte"))  # tokenize once, not per worker
     start = datetime.datetime.now().astimezone()

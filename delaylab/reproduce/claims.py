@@ -217,8 +217,8 @@ def cpu_delays(name: str, rep: dict) -> list[Claim]:
     taus = [int(t) for t in uniform]
     lo, hi = f"tau-{taus[0]}", f"tau-{taus[-1]}"
 
-    def cens(*rows) -> bool:
-        return any(r["censored"] or r["sync_censored"] for r in rows)
+    def cens(*rows) -> bool:  # an lr a row ran at rests on an optimum at its grid's edge (interpolated: its sources')
+        return any(r["rests_on_censored"] for r in rows)
 
     out = []
     for opt in opts:  # the gap grows from the shortest to the longest delay
@@ -322,8 +322,13 @@ def moe_cpu(root: Path) -> list[Claim]:
     return out
 
 
+def cpu_field(name: str, rep: dict) -> list[Claim]:
+    """The field's claims are the report's own scored verdicts (part 11, delaylab/reproduce/field.py)."""
+    return []
+
+
 SOURCES = {"cpu-small": cpu_small, "cpu-quick": cpu_quick, "cpu-tokens": cpu_tokens, "cpu-tokens-2": cpu_tokens_2,
-           "cpu-delays": cpu_delays}
+           "cpu-delays": cpu_delays, "cpu-field": cpu_field}
 
 
 def repository_root() -> Path:
@@ -416,6 +421,13 @@ def tables(root: Path, found: list[Claim]) -> dict[str, str]:
         out[f"{name}.findings"] = "\n".join(rows)
         out[f"{name}.claims"] = claims_table([c for c in found if c.report == f"docs/reproduce/{name}"])
     out["findings"] = findings_table(root)
+    field = json.loads((root / "docs" / "reproduce" / "cpu-field" / "report.json").read_text())
+    rows = ["| source | claim | verdict | measured (95%) | claimed region | caveat (one line) |", "|---|---|---|---|---|---|"]
+    short = {"rotation": "basis rotation", "marin": "marin", "ringmaster": "Ringmaster LMO",
+             "nesterov": "Nesterov async PP", "seed": "seed paper"}
+    rows += [f"| {short.get(r['source'], r['source'])} | {r['claim']} | {r['state']} | {r['measured']} | "
+             f"{region_text(r['region'])} | {r['reason']} |" for r in _part(field, "field")["rows"]]
+    out["cpu-field.field"] = "\n".join(rows)
     return out
 
 

@@ -67,6 +67,24 @@ def _theory_point(opt: str, mom, tau: float, steps: int) -> dict | None:
     return None
 
 
+def censored_lr(L, *keys) -> bool:
+    """Whether an lr the delay-axis cells ``keys`` ((setting, optimizer, mode)) ran at rests on an
+    optimum at its grid's edge: the cell's own grid, or for an interpolated lr any tuned grid of its
+    (optimizer, mode), which the interpolation starts from; sync's for a sync cell."""
+    lrs, g = L.delay_axis["lrs"], L.preset.delays
+    for setting, opt, mode in keys:
+        if mode == "sync":
+            if lrs["sync"][opt]["censored"].get("sync"):
+                return True
+            continue
+        info = lrs.get((setting, opt, mode))
+        grids = [info["grid"]] if info and info["grid"] else [
+            lrs[(n, opt, mode)]["grid"] for n in g.tuned if (n, opt, mode) in lrs]
+        if any(gr["censored"].get(mode) for gr in grids):
+            return True
+    return False
+
+
 def delays(L) -> dict:
     p, res = L.preset, L.delay_axis
     g = p.delays
@@ -89,6 +107,7 @@ def delays(L) -> dict:
                        "optimizer": opt, "mode": mode, "momentum": mom, "lr": info["lr"], "tuned": info["tuned"],
                        "lrs": info["grid"]["lrs"] if info["grid"] else [info["lr"]],
                        "censored": info["grid"]["censored"].get(mode) if info["grid"] else None,
+                       "rests_on_censored": censored_lr(L, (s.name, opt, "sync"), (s.name, opt, mode)),
                        "sync_lr": sync_grid["best"]["sync"], "sync_censored": sync_grid["censored"].get("sync"),
                        "sync": S.sample([sync[k] for k in sorted(sync)]), "loss": S.sample([mine[k] for k in sorted(mine)]),
                        "gap": S.sample(_gap_values(sync, mine)), "issues": S.issues_of(sync_rows + mine_rows),
@@ -180,10 +199,11 @@ def _schedule_verdicts(p: Preset, by: dict, data: dict) -> list[dict]:
             if ref is None or (ref.name, opt, "delayed") not in by:
                 continue
             diff = S.sample(_gap_values(data[(ref.name, opt, "delayed")], data[(s.name, opt, "delayed")]))
-            issues = by[(s.name, opt, "delayed")]["issues"] + by[(ref.name, opt, "delayed")]["issues"]
+            rows = (by[(s.name, opt, "delayed")], by[(ref.name, opt, "delayed")])
             measured = (f"PipeDream - 2BW = {S.fmt(diff['mean'])} {S.ci_text(diff)} over {diff['n']} seeds "
                         f"({ref.name} vs {s.name})")
-            out.append(pipedream_verdict(opt, list(s.delay), diff, measured, issues))
+            out.append(pipedream_verdict(opt, list(s.delay), diff, measured, rows[0]["issues"] + rows[1]["issues"],
+                                         censored=any(r["rests_on_censored"] for r in rows)))
     return out
 
 

@@ -506,15 +506,16 @@ def learning_rate(L) -> dict:
 # -- 5: schedules ----------------------------------------------------------------------------------
 
 
-def pipedream_verdict(opt: str, delays: list[int], diff: dict, measured: str, issues) -> dict:
+def pipedream_verdict(opt: str, delays: list[int], diff: dict, measured: str, issues, censored: bool = False) -> dict:
     """The paper's claim, 2BW (tau = 1) beats PipeDream's per-stage ``delays``, scored on ``diff``
-    (PipeDream - 2BW, paired by seed) at depth >= 4, the depths the paper reports; below, a note."""
+    (PipeDream - 2BW, paired by seed) at depth >= 4, the depths the paper reports; below, a note.
+    ``censored``: an lr either side ran at rests on an optimum at its grid's edge."""
     depth = len(delays)
     if depth < 4:
         return V.verdict("note", f"{opt}, depth {depth}: 2BW vs PipeDream (tau = {delays})", "no paper claim at this depth",
                        measured, line=f"{opt}, depth {depth} (no paper claim at this depth): {measured}.")
     sc = V.score(f"{opt}, depth {depth}: 2BW beats PipeDream", diff["ci"], (0, None), 0.0, issues=issues,
-                 measured=diff["mean"])
+                 measured=diff["mean"], censored=censored)
     return V.verdict("paper", f"{opt}, depth {depth}: 2BW (tau = 1) beats PipeDream (tau = {delays})",
                    "paper: PipeDream - 2BW > 0", measured, sc)
 

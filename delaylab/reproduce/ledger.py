@@ -239,6 +239,7 @@ def _gpt_line(report: str, r: LLMRun, summary: dict, lines: list[dict]) -> dict:
         "warmup": r.base.get("warmup"), "lr_schedule": cfg.lr_schedule.lr_schedule, "sync_start": r.base.get("sync_start", 0),
         "sync_cooldown": r.base.get("sync_cooldown", 0), "dc_lambda": r.base.get("dc_lambda"),
         "tokens": tokens, "tokens_per_param": None if not (tokens and params) else tokens / params,
+        "calls": summary.get("calls"),  # batches whose gradient was computed (> steps: a fill, or discards)
         "val_loss": summary.get("val_loss"), "diverged": summary.get("val_loss") is None,
         "ns_dtype": summary.get("ns_dtype"), "val_curve": curve,
         "val_steps": [[m["step"], m["lr"]] for m in vals],

@@ -140,6 +140,10 @@ def _part_table(part: dict) -> list[str]:
         return _delay_tables(part)
     if key == "tokens":
         return _tokens_tables(part)
+    if key == "field":
+        from delaylab.reproduce.field import markdown_lines
+
+        return markdown_lines(part)
     if key == "toy":
         ts = rows[0]["T"]
         lines = _table(["problem", "method", "mode"] + [f"measured/bound T={t}" for t in ts]

@@ -596,6 +596,92 @@ def delay_axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
     return runs, ({"lrs": lrs, "cells": cells, "overhead": overhead} if finished else None)
 
 
+# -- the field's claims (docs/field.md) -------------------------------------------------------------------
+
+
+def field_setting(p: Preset):
+    """The random-delay setting of the staleness-threshold comparison (on the delay axis's base model)."""
+    from delaylab.reproduce.presets import DelaySetting
+
+    return DelaySetting(f"field-{p.field.random.replace(':', '-')}", delay_dist=p.field.random)
+
+
+def field_drop_mode(p: Preset) -> str:
+    return f"drop-{p.field.drop}"
+
+
+def _field_grid(p: Preset, src, variant: str, base: dict, mode: str, start: float) -> dict:
+    """A mode's lr grid of the field part: three lattice lrs around ``start``, grown at an edge, with
+    its runs and, once done, its best lr's cell (``seeds`` seeds; the grid's share the lower seeds)."""
+    f, opt = p.field, p.field.optimizer
+    mom = p.delays.momentum.get(opt)
+
+    def runs_at(lr):
+        return _runs(variant, base, opt, lr, mom, (mode,), f.scan_seeds)
+
+    grid = adaptive_lrs(src, [start / 2, start, start * 2], runs_at, (mode,), f.lr_extend)
+    runs = [r for lr in grid["lrs"] for r in runs_at(lr)]
+    cell = _runs(variant, base, opt, grid["best"][mode], mom, (mode,), f.seeds) if grid["done"] else None
+    return {"grid": grid, "runs": runs + (cell or []), "cell": cell}
+
+
+def field_axis(p: Preset, src) -> tuple[list[LLMRun], dict | None]:
+    """Every run of the field part decidable now (:class:`~delaylab.reproduce.presets.FieldGrid`), and
+    once all are finished ``{"held", "retuned", "raw_momentum", "random", "budgets"}``: the cells (run
+    lists) and grids each claim reads; the delay axis's own cells are :func:`delay_axis`'s."""
+    f, g = p.field, p.delays
+    opt = f.optimizer
+    mom = g.momentum.get(opt)
+    _, lrs, done = delay_lrs(p, src)
+    runs: list[LLMRun] = []
+    table: dict = {"held": {}, "retuned": {}, "raw_momentum": {}, "random": {}, "budgets": {}}
+    ready = done and opt in lrs["sync"]
+    if not ready:
+        return runs, None
+    held_lr = lrs[("tau-1", opt, "delayed")]["lr"]
+    for name in f.held:
+        s = g.setting(name)
+        table["held"][name] = cell = _runs(f"delays-{name}", delay_base(p, s), opt, held_lr, mom, ("delayed",),
+                                           g.seeds_of(s))
+        runs += cell
+    for name in f.retuned:
+        s = g.setting(name)
+        rec = _field_grid(p, src, f"delays-{name}", delay_base(p, s), "delayed", lrs[(name, opt, "delayed")]["lr"])
+        table["retuned"][name] = rec
+        runs += rec["runs"]
+    for name in f.raw_momentum:
+        s = g.setting(name)
+        lr = lrs.get((name, opt, "predict"), lrs[(name, opt, "delayed")])["lr"]
+        table["raw_momentum"][name] = cell = _runs(f"delays-{name}", delay_base(p, s), opt, lr, mom,
+                                                   ("predict-momentum",), g.seeds_of(s))
+        runs += cell
+    rand = field_setting(p)
+    optima = {g.setting(n).mean_delay: lrs[(n, opt, "delayed")]["lr"] for n in g.tuned if (n, opt, "delayed") in lrs}
+    start = interpolate_lr(p, opt, optima, rand.mean_delay)
+    for mode in ("delayed", field_drop_mode(p)):
+        rec = _field_grid(p, src, rand.name, delay_base(p, rand), mode, start)
+        table["random"][mode] = rec
+        runs += rec["runs"]
+    s = g.setting(f.budget_setting)
+    sync_variant, sync_base = delay_sync(p, s)
+    sync_lr, lr = lrs["sync"][opt]["best"]["sync"], lrs[(s.name, opt, "delayed")]["lr"]
+    for factor in f.budgets:
+        tag = "" if factor == 1 else f"-budget-{factor:g}x"
+        base, sbase = (delay_base(p, s), sync_base) if factor == 1 else (
+            length_base(delay_base(p, s), factor), length_base(sync_base, factor))
+        per = {}
+        for seed in range(f.overhead_seeds):
+            sync = _runs(sync_variant + tag, sbase, opt, sync_lr, mom, ("sync",), [seed])[0]
+            other = _runs(f"delays-{s.name}" + tag, base, opt, lr, mom, ("delayed",), [seed])[0]
+            per[seed] = {"sync": sync, **overhead_runs(src, base, sync, other, f.overhead_lengths)}
+            runs += [sync, *per[seed]["runs"]]
+        table["budgets"][factor] = per
+    finished = (all(src.summary(r) is not None for r in runs)
+                and all(rec["cell"] is not None for part in ("retuned", "random") for rec in table[part].values())
+                and all(o["done"] for per in table["budgets"].values() for o in per.values()))
+    return runs, (table if finished else None)
+
+
 # -- findings 5 and 6 --------------------------------------------------------------------------------
 
 
@@ -664,6 +750,8 @@ def decide(p: Preset, src) -> dict:
         d["delay_axis"] = delay_axis(p, src)
     if p.tokens is not None:
         d["tokens_axis"] = tokens_axis(p, src)
+    if p.field is not None:
+        d["field_axis"] = field_axis(p, src)
     if p.schedules is not None:
         d["schedules"] = schedules(p)
     if p.toy is not None:
@@ -687,7 +775,7 @@ def decide(p: Preset, src) -> dict:
 
 def llm_runs(p: Preset, d: dict) -> list[LLMRun]:
     """Every GPT run of the decisions ``d`` (:func:`decide`), in runs.jsonl's order."""
-    runs = [r for key in ("axis", "delay_axis", "tokens_axis") if key in d for r in d[key][0]]
+    runs = [r for key in ("axis", "delay_axis", "tokens_axis", "field_axis") if key in d for r in d[key][0]]
     runs += d.get("grid", []) + [r for group in d.get("schedules", {}).values() for r in group]
     if d.get("best") is not None:
         runs += d["headline"] + d["mitigations"] + d["momentum"] + d["ef_lrs"]

@@ -245,6 +245,43 @@ class DelayGrid:
 
 
 @dataclass(frozen=True)
+class FieldGrid:
+    """The field's claims beside the delay axis (docs/field.md): what the :class:`DelayGrid` of the
+    same preset does not run, on ``optimizer`` (Muon: marin's and Ringmaster's optimizer).
+
+    - ``held``: its delayed runs at these settings with the lr held at tau-1's best delayed lr (marin
+      kept one lr across tau); ``retuned``: settings whose delayed lr is tuned here as well (a grid
+      around the delay axis's interpolated lr), so that with the delay axis's tuned settings the tau
+      curve is tuned at every tau;
+    - ``raw_momentum``: settings where weight prediction along the raw momentum runs
+      (``predict-momentum``, at the lr of ``predict`` there);
+    - ``random`` with ``drop``: the delay distribution and the staleness threshold K of the Ringmaster
+      comparison, delayed against ``drop-K``, each mode's lr tuned on a grid around the delayed lr the
+      delay axis interpolates at the distribution's mean delay;
+    - ``budgets``: run lengths (multiples of the base's updates) at ``budget_setting``, where sync and
+      delayed runs of seeds ``0..overhead_seeds-1`` measure the iso-loss token overhead (delayed reruns
+      ``overhead_lengths`` times as long until they reach their seed's sync loss); every budget at the
+      base budget's lrs.
+
+    Each claim's region is :data:`FIELD_REGIONS`, stated before any run. ``scan_seeds``: seeds of every lr grid here; ``seeds``: of every reported cell.
+    """
+
+    optimizer: str
+    held: tuple[str, ...]
+    retuned: tuple[str, ...]
+    raw_momentum: tuple[str, ...]
+    random: str
+    drop: int
+    budget_setting: str
+    budgets: tuple[float, ...]
+    seeds: int
+    scan_seeds: int
+    overhead_seeds: int = 3
+    overhead_lengths: tuple[float, ...] = (1.5, 2, 3)
+    lr_extend: int = 2
+
+
+@dataclass(frozen=True)
 class ToyGrid:
     """Finding 6: ``delaylab toy rates`` (every problem x LMO method x {sync, tau=1, EF}),
     the delay's cost at fixed (eta, beta) and the sync/delayed/EF comparison with EF's drift."""
@@ -275,6 +312,8 @@ class Preset:
     notes: tuple[str, ...] = field(default=())
     delays: DelayGrid | None = None
     tokens: TokensGrid | None = None
+    field: FieldGrid | None = None  # needs ``delays`` (its lrs and settings)
+    estimate: str = ""  # its run count and wall time, stated before it starts (printed by ``reproduce``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -306,6 +345,29 @@ _DELAY_SETTINGS = (
     DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",)),
     DelaySetting("uniform-0-4", delay_dist="uniform:0-4"),
 )
+
+# The field's claims (docs/field.md), each claim's region stated before any run. Shares in %, ratios as
+# ratios; a direction is (0, None) or (None, 0). Tolerances: a point claim gets its own value +- a
+# stated margin (marin's 53% / 45% closed by prediction: 30-70%; its 3.3x per-stage ratio: 2-5x; its
+# near-linear tau curve: gap(8) / gap(2) between 3 and 8, where linear is 4 and marin measured 6.1).
+FIELD_REGIONS = {
+    "rotation_gap_smaller": (0, None),  # AdamW gap - rotated-Adam gap at the largest uniform tau
+    "rotation_grows_with_depth": (0, None),  # that difference at the largest tau minus at tau 1
+    "rotation_grows_with_pipeline": (0, None),  # AdamW - rotated-Adam gap, PipeDream P=8 minus P=4
+    "muon_linear": (3.0, 8.0),  # gap(tau 8) / gap(tau 2), delayed Muon
+    "predict_closes": (30.0, 70.0),  # % of Muon's gap closed by prediction along the update, tau 2 and 8
+    "raw_momentum_worse": (None, 0.0),  # % recovered by prediction along the raw momentum, Muon: below none
+    "dc_asgd_small": (None, 3.0),  # % recovered by DC-ASGD(-a), Muon
+    "per_stage_milder": (2.0, 5.0),  # gap(uniform tau = P - 1) / gap(PipeDream P), Muon
+    "overhead_falls": (0, None),  # overhead at the short budget - at the long one
+    "drop_faster": (0, None),  # delayed - drop:K val loss under the random delay, equal updates
+    "lookahead_beats_sync": (None, 0),  # lookahead's gap to sync
+    "ef_recovers": (50.0, 90.0),  # % of the gap EF recovers at tau 1
+    "two_bw_beats_pipedream": (0, None),  # PipeDream - 2BW val loss (the delay part scores it)
+}
+
+_FIELD_RUN = dict(preset="tiny", block_size=64, batch_size=8, steps=220, eval_every=22, eval_batches=8, log_every=10,
+                  ckpt_every=110, **_RUN)
 
 PRESETS: dict[str, Preset] = {
     "cpu-small": Preset(
@@ -438,6 +500,68 @@ PRESETS: dict[str, Preset] = {
         notes=("sized for 90 min on 2 cores: lr grids decided on 2 seeds, P = 8 without the single correctors, "
                "and the iso-loss "
                "overhead of the delayed runs (no corrector) of seeds 0 and 1 at tau = 1 and 8 only",),
+    ),
+    "cpu-field": Preset(
+        name="cpu-field",
+        summary="the field's claims side by side: the tiny GPT (2 layers, d=64, context 64), 220 updates of 8 "
+                "sequences, AdamW, rotated Adam (basis rotation) and Muon x none / EF / weight prediction / "
+                "look-ahead / DC-ASGD-a at tau = 1, 2, 4, 8, PipeDream's per-stage delays (the last stage fresh) "
+                "at P = 4 and 8 beside 2BW and a uniform tau = P - 1 on 4- and 8-layer models; Muon's tau curve with "
+                "the lr held at tau 1's and tuned at every tau, prediction along the raw momentum, Ringmaster's "
+                "threshold drop:4 under a delay uniform on {0..8}, and the iso-loss token overhead at 220 and 550 "
+                "updates; lrs tuned on 1-seed grids grown at an edge (sync; each mode at tau 1 and 8), 3 seeds per "
+                "cell (2 on the 8-layer model)",
+        llm=None, schedules=None, toy=None,
+        delays=DelayGrid(
+            base=_FIELD_RUN,
+            optimizers=("adamw", "rotated-adam", "muon"),
+            # centred on cpu-small's best sync lrs on the same model (16 x 300: adamw 0.002, muon 0.04,
+            # and SOAP's 0.01 for rotated Adam); grown at an edge, so only the start is reused
+            lrs={"adamw": (1e-3, 2e-3, 4e-3), "rotated-adam": (2.5e-3, 5e-3, 1e-2), "muon": (0.02, 0.04, 0.08)},
+            momentum={"adamw": 0.9, "rotated-adam": 0.9, "muon": 0.95},
+            settings=(
+                DelaySetting("tau-1", 1, modes=("delayed", "ef", "lookahead")),
+                DelaySetting("tau-2", 2, modes=("delayed", "predict")),
+                DelaySetting("tau-4", 4, modes=("delayed", "predict")),
+                DelaySetting("tau-8", 8, modes=("delayed", "ef", "predict", "lookahead", "dc-asgd-a")),
+                DelaySetting("pipedream-4", (3, 2, 1, 0), model={"n_layer": 4}, modes=("delayed", "lookahead")),
+                DelaySetting("tau-3-l4", 3, model={"n_layer": 4}, modes=("delayed",)),
+                DelaySetting("2bw-4", 1, model={"n_layer": 4}, modes=("delayed",)),
+                DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, modes=("delayed",),
+                             seeds=2),
+                DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",), seeds=2),
+            ),
+            tuned=("tau-1", "tau-8"), modes=("delayed", "ef", "predict", "lookahead", "dc-asgd-a"),
+            seeds=3, scan_seeds=1, lr_extend=2,
+        ),
+        field=FieldGrid(optimizer="muon", held=("tau-2", "tau-4", "tau-8"), retuned=("tau-2", "tau-4"),
+                        raw_momentum=("tau-2", "tau-8"), random="uniform:0-8", drop=4, budget_setting="tau-4",
+                        budgets=(1.0, 2.5), seeds=3, scan_seeds=1),
+        estimate="at least 260 runs (321 in the committed report, where lr grids grew at their edges); 29.5 min on 2 "
+                 "cores, 2 runs at a time, at a load average of 3.7 (measured, the committed report); at a load of 8 "
+                 "to 10 single runs take 2-4x longer (220 updates of the 2-layer model: 20 s AdamW, 34 s Muon, 44 s "
+                 "rotated Adam; 4 layers 3.8x AdamW's), about 130 min",
+        notes=("sized for two hours of 2 cores (the estimate above): lr grids decided on one "
+               "seed, 3 seeds per cell, 2 on the 8-layer model, the 4- and 8-layer settings at the lrs of the "
+               "2-layer one; momentum's effect is the cpu-small report's finding 3, not rerun here",),
+    ),
+    "ci-field": Preset(
+        name="ci-field",
+        summary="the field's claims on a few seconds of training, Muon only (checks the pipeline, not the science: "
+                "its runs are too short for the protocol, so every verdict on them is undetermined)",
+        llm=None, schedules=None, toy=None,
+        delays=DelayGrid(
+            base=dict(preset="nano", batch_size=2, block_size=16, steps=4, eval_every=2, eval_batches=1,
+                      log_every=2, ckpt_every=4, **_RUN),
+            optimizers=("muon",), lrs={"muon": (0.02,)}, momentum={"muon": 0.95},
+            settings=(DelaySetting("tau-1", 1, modes=("delayed", "predict")),
+                      DelaySetting("tau-2", 2, modes=("delayed", "predict")),
+                      DelaySetting("pipedream-2", (1, 0), modes=("delayed",))),
+            tuned=("tau-1",), modes=("delayed", "predict"), seeds=2, scan_seeds=1, lr_extend=0,
+        ),
+        field=FieldGrid(optimizer="muon", held=("tau-2",), retuned=("tau-2",), raw_momentum=("tau-2",),
+                        random="uniform:0-2", drop=1, budget_setting="tau-2", budgets=(1.0, 2.0), seeds=2,
+                        scan_seeds=1, overhead_seeds=2, overhead_lengths=(2,), lr_extend=0),
     ),
     "ci-delays": Preset(
         name="ci-delays",

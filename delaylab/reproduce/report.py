@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delaylab.reproduce import coverage, delays, figures, findings, protocol, selection, tokens
+from delaylab.reproduce import coverage, delays, field, figures, findings, protocol, selection, tokens
 from delaylab.reproduce import plan as P
 from delaylab.reproduce.ledger import RUNS, Ledger
 from delaylab.reproduce.presets import Preset
@@ -117,7 +117,7 @@ def commands(L: Ledger) -> dict[str, list[str]]:
         cmds["schedules"] = llm_commands([r for g in d["schedules"].values() for r in g], o)
     if p.toy is not None:
         cmds["toy"] = toy_commands(p)
-    for part, key in (("scale", "axis"), ("delays", "delay_axis"), ("tokens", "tokens_axis")):
+    for part, key in (("scale", "axis"), ("delays", "delay_axis"), ("tokens", "tokens_axis"), ("field", "field_axis")):
         if key in d:
             cmds[part] = llm_commands(d[key][0], o)
     return cmds
@@ -144,6 +144,8 @@ def parts_of(p: Preset) -> list:
         out.append(delays.delays)
     if p.tokens is not None:
         out.append(tokens.tokens)
+    if p.field is not None:
+        out.append(field.field)
     return out
 
 

@@ -2,6 +2,7 @@
 suite for all its optimizers): LR schedulers, add_param_group, state_dict in mid-run, step
 hooks, zero_grad both ways."""
 
+import contextlib
 import io
 
 import numpy as np
@@ -10,7 +11,9 @@ import torch
 from torch.optim import lr_scheduler as lrs
 
 from delaylab.optim import OPTIMIZERS, CombinedOptimizer, Delayed, LMOMomentum, build_optimizer
+from delaylab.errors import ConfigError
 from delaylab.optim.corrections import build
+from delaylab.optim.queue import DelayDistribution
 
 
 def _delayed(tau, correction):
@@ -21,6 +24,13 @@ SUBJECTS = {
     **{name: (lambda name: lambda ps: build_optimizer(name, ps))(name) for name in OPTIMIZERS},
     **{f"delayed{t}-{c}": _delayed(t, c) for t in (0, 1, 2) for c in ("none", "ef", "dc-asgd")},
     "delayed1-ef-muon": lambda ps: Delayed(build_optimizer("muon", ps), 1, "ef"),
+    "delayed1-ef-rotated-adam": lambda ps: Delayed(build_optimizer("rotated-adam", ps), 1, "ef"),
+    "delayed1-predict-momentum": lambda ps: Delayed(torch.optim.AdamW(ps, lr=1e-2), 1, "predict-momentum"),
+    # a staleness threshold under a random delay: some calls discard their gradient
+    "uniform-drop": lambda ps: Delayed(torch.optim.AdamW(ps, lr=1e-2), DelayDistribution.parse("uniform:0-3", 1),
+                                       "drop:1"),
+    "uniform-drop-muon": lambda ps: Delayed(build_optimizer("muon", ps), DelayDistribution.parse("uniform:0-3", 2),
+                                            "drop:2"),
     "delayed2-sgd-dc": lambda ps: Delayed(torch.optim.SGD(ps, lr=0.05, momentum=0.9), 2, "dc-asgd"),
     "combined": lambda ps: CombinedOptimizer(
         [torch.optim.SGD(ps[:1], lr=0.05, momentum=0.9), torch.optim.AdamW(ps[1:], lr=1e-2)]
@@ -31,6 +41,7 @@ SUBJECTS = {
 BARE = {
     **{f"delayed{t}-{c}": lambda ps: torch.optim.AdamW(ps, lr=1e-2) for t in (0, 1, 2) for c in ("none", "ef", "dc-asgd")},
     "delayed1-ef-muon": lambda ps: build_optimizer("muon", ps),
+    "delayed1-ef-rotated-adam": lambda ps: build_optimizer("rotated-adam", ps),
     "delayed2-sgd-dc": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
 }
 
@@ -52,9 +63,15 @@ def _backward(params, c):
     loss.backward()
 
 
+def _taking(opt):
+    """Where the gradient is taken: a wrapper's gradient point (a delay distribution needs it)."""
+    return opt.predicted_weights() if isinstance(opt, Delayed) else contextlib.nullcontext()
+
+
 def _run(opt, params, calls, start=0, set_to_none=True):
     for c in range(start, start + calls):
-        _backward(params, c)
+        with _taking(opt):
+            _backward(params, c)
         opt.step()
         opt.zero_grad(set_to_none=set_to_none)
 
@@ -100,7 +117,8 @@ def _schedule(opt, feed, name):
     sched = SCHEDULERS[name](opt)
     seen = []
     for c, metric in enumerate(METRICS):
-        feed(c)
+        with _taking(opt):
+            feed(c)
         opt.step()
         opt.zero_grad()
         sched.step(metric) if name == "ReduceLROnPlateau" else sched.step()
@@ -143,6 +161,10 @@ def test_add_param_group_after_construction(subject):
     z = torch.randn(4, 3, generator=torch.Generator().manual_seed(5)).requires_grad_()
     z0 = z.detach().clone()
     group = {"params": [z], "optimizer": 0} if _combined_inside(opt) else {"params": [z]}
+    if getattr(opt, "dist", None) is not None:  # every group follows one draw per call: refused mid-run
+        with pytest.raises(ConfigError, match="before the first step"):
+            opt.add_param_group(group)
+        return
     opt.add_param_group(group)
     assert any(p is z for g in opt.param_groups for p in g["params"])
     _run(opt, params + [z], 4, start=2)

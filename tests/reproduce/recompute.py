@@ -171,22 +171,24 @@ def rate_holds(r: dict) -> bool:
     return all(p["ci"][1] <= p["bound"] for p in r["points"]) and slope <= r["exponent"] + r["tolerance"]
 
 
-def delay_gap(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
+def delay_gap(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync", lr=None):
     """A delay-axis cell's gap: ``mode`` at its lr in the setting's folder (the best of its grid where
-    the setting was tuned, its one lr where not) minus sync at its best lr, per seed, with the t interval."""
+    the setting was tuned, its one lr where not; ``lr`` where given: an interpolated lr in a folder that
+    another part's runs share) minus sync at its best lr, per seed, with the t interval."""
     variant = f"delays-{setting}"
     sync_lr = best_lr(runs, optimizer, "sync", momentum, variant="delays-sync")
-    lr = best_lr(runs, optimizer, mode, momentum, variant=variant)
+    lr = lr or best_lr(runs, optimizer, mode, momentum, variant=variant)
     sync = by_seed(runs, optimizer=optimizer, mode="sync", lr=sync_lr, momentum=momentum, variant=sync_variant)
     other = by_seed(runs, optimizer=optimizer, mode=mode, lr=lr, momentum=momentum, variant=variant)
     per = {s: other[s] - sync[s] for s in sorted(set(sync) & set(other))}
     return per, t_interval(list(per.values()))
 
 
-def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync"):
-    """The share (%) of the plain gap ``mode`` recovers at a delay setting, and its Fieller interval."""
-    plain, _ = delay_gap(runs, optimizer, setting, "delayed", momentum, sync_variant)
-    fixed, _ = delay_gap(runs, optimizer, setting, mode, momentum, sync_variant)
+def delay_recovery(runs, optimizer, setting, mode, momentum, sync_variant="delays-sync", lrs=(None, None)):
+    """The share (%) of the plain gap ``mode`` recovers at a delay setting, and its Fieller interval
+    (``lrs``: the delayed and the mode's lr where given, as :func:`delay_gap`)."""
+    plain, _ = delay_gap(runs, optimizer, setting, "delayed", momentum, sync_variant, lrs[0])
+    fixed, _ = delay_gap(runs, optimizer, setting, mode, momentum, sync_variant, lrs[1])
     return recovered(fixed, plain)
 
 
@@ -413,3 +415,42 @@ def tokens_closing(runs, variant) -> dict[int, float]:
     """Per seed, the gap at the peak lr minus the gap at the end."""
     reads = tokens_reads(runs, variant)
     return {s: reads["peak"][s] - reads["end"][s] for s in sorted(reads["end"])}
+
+
+def field_claim(runs, row):
+    """A field claim's value and 95% interval (docs/field.md) from runs.jsonl and the run folders the
+    row names (``inputs``): ``mean`` of a per-seed linear combination of final val losses (t), ``ratio``
+    of two (Fieller), ``share`` recovered (Fieller), ``welch`` of two independent combinations, or the
+    ``overhead`` at two budgets (per seed the first run that reaches its sync run's final loss, Welch)."""
+    by = {r["folder"]: r for r in select(runs)}
+    inp = row["inputs"]
+
+    def combo(terms):
+        per = [(c, {by[f]["seed"]: by[f]["val_loss"] for f in folders}) for c, folders in terms]
+        seeds = sorted(set.intersection(*(set(x) for _, x in per)))
+        return {s: sum(c * x[s] for c, x in per) for s in seeds if all(x[s] is not None for _, x in per)}
+
+    def losses(folders):
+        return {by[f]["seed"]: by[f]["val_loss"] for f in folders}
+
+    if inp["kind"] == "mean":
+        return t_interval(list(combo(inp["terms"]).values()))
+    if inp["kind"] == "ratio":
+        return paired_ratio(combo(inp["num"]), combo(inp["den"]))
+    if inp["kind"] == "share":
+        sync, delayed, fix = (losses(inp[k]) for k in ("sync", "delayed", "fix"))
+        seeds = sorted(set(sync) & set(delayed) & set(fix))
+        return recovered({s: fix[s] - sync[s] for s in seeds}, {s: delayed[s] - sync[s] for s in seeds})
+    if inp["kind"] == "welch":
+        return welch(list(combo(inp["first"]).values()), list(combo(inp["second"]).values()))
+    assert inp["kind"] == "overhead", inp["kind"]
+
+    def per_seed(cells):
+        out = []
+        for sync, tries in cells:
+            out.append(next((v for f in tries if (v := iso_loss(by[sync]["val_curve"], by[f]["val_curve"])) is not None),
+                            None))
+        return out
+
+    first, second = per_seed(inp["first"]), per_seed(inp["second"])
+    return (None, None) if None in first + second else welch(first, second)

@@ -34,8 +34,8 @@ def _share(value, ci) -> str:
     return f"{value:.0f}%" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else " (unbounded)")
 
 
-def _ratio(value, ci) -> str:
-    return f"{value:.2g}" + (f" [{ci[0]:.2g}, {ci[1]:.2g}]" if ci else " (unbounded)")
+def _ratio(value, ci, spec=".2g") -> str:
+    return format(value, spec) + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else " (unbounded)")
 
 
 def _gap(m, ci) -> str:
@@ -197,10 +197,14 @@ def recomputed(folder: Path) -> dict[str, str]:
         assert parts["toy"]["headline"].startswith(f"{held}/{n} settings")
         quoted["toy"] = f"{held}/{n}"
     if "delays" in parts:
+        # an interpolated lr by the row's own lr (the field part shares those folders, other lrs beside it)
+        given = {(r["setting"], r["optimizer"], r["mode"]): None if r["tuned"] else r["lr"]
+                 for r in parts["delays"]["rows"]}
         for row in parts["delays"]["rows"]:
             sync_variant = row["runs"]["sync"][0].split("/")[1]  # llm/<variant>/cells/<run>
+            here = (row["setting"], row["optimizer"])
             per, (m, ci) = R.delay_gap(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
-                                       sync_variant)
+                                       sync_variant, given[(*here, row["mode"])])
             assert _close(m, row["gap"]["mean"], 1e-12) and _same_interval(ci, row["gap"]["ci"])
             quoted[f"{row['optimizer']} {row['setting']} {row['mode']} gap"] = _gap(m, ci)
             if row["setting"] == "uniform-0-4" and row["mode"] == "delayed":
@@ -216,9 +220,30 @@ def recomputed(folder: Path) -> dict[str, str]:
                     f"{100 * r:+.0f}% [{100 * rci[0]:+.0f}%, {100 * rci[1]:+.0f}%] (95% Fieller)")
             if "recovered" in row:
                 rec, rci = R.delay_recovery(runs, row["optimizer"], row["setting"], row["mode"], row["momentum"],
-                                            sync_variant)
+                                            sync_variant, (given[(*here, "delayed")], given[(*here, row["mode"])]))
                 assert _close(rec, row["recovered"]["ratio_of_means"]) and _same_interval(rci, row["recovered"]["ci"])
                 quoted[f"{row['optimizer']} {row['setting']} {row['mode']} recovers"] = _share(rec, rci)
+    if "field" in parts:  # the field's claims (docs/field.md): each row from the run folders it names
+        for row in parts["field"]["rows"]:
+            value, ci = R.field_claim(runs, row)
+            if row["value"] is None:
+                assert value is None, row["claim"]
+                continue
+            assert _close(value, row["value"]) and _same_interval(ci, row["interval"]), row["claim"]
+            quoted[f"field: {row['claim']}"] = (_share(value, ci).replace(" (unbounded)", " unbounded") if row["unit"] == "%" else _ratio(value, ci, ".2f")
+                                                if row["unit"] == "x" and row["inputs"]["kind"] == "ratio" else
+                                                _gap(value, ci) if ci else f"{value:+.3f} (no interval)")
+            quoted[f"field state: {row['claim']}"] = row["state"]
+        ex = parts["field"].get("examination") or {}
+        for e in ex.get("curve", []):  # Muon's gap at each tau under each lr rule
+            for rule, inputs in e["inputs"].items():
+                m, ci = R.field_claim(runs, {"inputs": inputs})
+                assert _close(m, e[rule]["mean"]) and _same_interval(ci, e[rule]["ci"]), (e["setting"], rule)
+                quoted[f"field curve {rule} tau {e['tau']}"] = _gap(m, ci)
+        for e in ex.get("prediction", []):
+            v, ci = R.field_claim(runs, {"inputs": e["inputs"]})
+            assert _close(v, e["ratio_of_means"]) and _same_interval(ci, e["ci"]), (e["setting"], e["mode"])
+            quoted[f"field {e['mode']} {e['setting']}"] = _share(v, ci)
     return quoted
 
 
