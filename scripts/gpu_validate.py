@@ -312,13 +312,19 @@ def memory_gb(dry: bool = False) -> dict:
 
 
 def _smoke_cases() -> list[dict]:
+    """Every optimizer sync, delayed and delayed + EF; every other corrector on AdamW and Muon (a corrector
+    that takes an argument, such as drop:K, with it and the delay distribution it needs)."""
     from delaylab.optim import OPTIMIZERS, corrections
 
-    cases = []
-    for opt in OPTIMIZERS:
-        cases.append(dict(optimizer=opt, delay=0, correction="none"))
-        for c in corrections.NAMES:
-            cases.append(dict(optimizer=opt, delay=1, correction=c))
+    def corrected(opt, name):
+        entry = corrections.CORRECTORS[name]
+        if entry.argument is None:
+            return dict(optimizer=opt, delay=1, correction=name)
+        return dict(optimizer=opt, delay=0, delay_dist="uniform:0-3", correction=f"{name}:2")  # the delay is the distribution
+
+    cases = [dict(optimizer=opt, delay=d, correction=c) for opt in OPTIMIZERS for d, c in ((0, "none"), (1, "none"),
+                                                                                       (1, "ef"))]
+    cases += [corrected(opt, c) for c in corrections.CORRECTORS if c != "ef" for opt in ("adamw", "muon")]
     return cases
 
 
@@ -456,7 +462,7 @@ def phase_smoke(ctx: dict, rec: Phase) -> None:
 
     sz = ctx["sizes"]["smoke"]
     for case in _smoke_cases():
-        name = f"{case['optimizer']} delay {case['delay']} {case['correction']}"
+        name = f"{case['optimizer']} delay {case.get('delay_dist') or case['delay']} {case['correction']}"
         if case["optimizer"] in ("lion", "soap", "adan", "mars") and not ctx["packages"]["pytorch_optimizer"]:
             rec.add({"run": name, "status": "skipped: pytorch_optimizer not installed"})
             continue

@@ -12,7 +12,8 @@ parameters it holds, ``N / D`` with ``--dp-shard`` over ``D`` replicas)::
 * ``S``: the optimizer's state elements, per parameter element: AdamW 2 (both moments), Muon 1 on the
   hidden matrices (momentum) and 2 on the rest (AdamW), Lion 1, Adan 4, MARS 3, SGD 1 (0 without
   momentum), LMO 1, SOAP 2 plus ``2 (m^2 + n^2)`` per m x n matrix (its two Kronecker factors and
-  their eigenbases; a side over 10000 gets none) -- what each keeps after a step, counted in the
+  their eigenbases; a side over 10000 gets none), rotated Adam 2 plus ``2 (m^2 + n^2)`` per hidden
+  m x n matrix (the same four) -- what each keeps after a step, counted in the
   tests against the optimizers' own state;
 * ``tau N p``: the gradients :class:`~delaylab.optim.Delayed` queues (``tau`` the largest delay; a
   variable delay keeps ``max tau`` weight versions instead, one more with prediction or look-ahead);
@@ -101,6 +102,9 @@ def optimizer_elements(cfg: Config, model) -> int:
         return sum(p.numel() for p in params) if momentum > 0 else 0
     if name == "muon":
         return sum(p.numel() * (1 if p.ndim == 2 and id(p) not in excluded else 2) for p in params)
+    if name == "rotated-adam":  # hidden matrices: Adam's two moments, the Kronecker factors L, R and their bases
+        return sum(2 * p.numel() + (2 * (p.shape[0] ** 2 + p.shape[1] ** 2) if p.ndim == 2 and id(p) not in excluded
+                                    else 0) for p in params)
     if name == "soap":
         return sum(2 * p.numel() + (2 * sum(s * s for s in p.shape if s <= SOAP_MAX_PRECONDITION_DIM)
                                     if p.ndim >= 2 else 0) for p in params)

@@ -18,7 +18,8 @@ from delaylab.optim.corrections import NAMES
 
 
 # every corrector alone (and none), two combinations, EF's buffer in bf16, Muon
-CASES = [dict(correction=c) for c in NAMES] + [dict(correction="ef,damp", optimizer="muon"),
+CASES = [dict(correction=c) for c in NAMES if c != "drop"] + [dict(correction="drop:2", delay=0, delay_dist="uniform:0-3"),
+                                                             dict(correction="ef,damp", optimizer="muon"),
                                                dict(correction="ef,dc-asgd"),
                                                dict(correction="ef", ef_dtype="bfloat16")]
 

@@ -151,7 +151,11 @@ def test_the_call_runs_dry_every_phase_ok_and_only_the_records_come_back(tmp_pat
     assert all(row["gap"]["ci"] is not None for row in an["optimizers"].values())
 
     smoke = data["smoke"]["items"]
-    assert len(smoke) == 64 and all(i["status"] == "ok" for i in smoke)  # 8 optimizers x (sync + 7 delayed)
+    gv_cases = cases = _gpu_validate()._smoke_cases()  # every optimizer sync / delayed / EF, every corrector
+    assert len(smoke) == len(gv_cases) and all(i["status"] == "ok" for i in smoke)
+    assert {c["optimizer"] for c in cases} >= {"adamw", "muon", "rotated-adam"}
+    assert {c["correction"].split(":")[0] for c in cases} == {"none", *__import__("delaylab.optim.corrections",
+                                                                                   fromlist=["x"]).CORRECTORS}
     same, nan = data["resume"]["items"]
     assert same["bit_for_bit"] and same["metrics_equal"] and same["torch_deterministic"]
     assert nan["status"] == "diverged" and nan["loss_at_kept_weights_finite"] and nan["pending_left"] == 0
@@ -177,4 +181,4 @@ def test_the_call_runs_dry_every_phase_ok_and_only_the_records_come_back(tmp_pat
         assert len(final[s]["per_round"]) == 2 and lo < final[s]["mean"] < hi
         assert final[s]["advise"] > 1  # the cost model's flush: a synchronous schedule is slower than 2BW
     text = (out / "record.md").read_text()
-    assert "64 of 64 runs ok" in text and "AdamW - Muon" in text and "gpipe/2bw [95% t]" in text
+    assert f"{len(gv_cases)} of {len(gv_cases)} runs ok" in text and "AdamW - Muon" in text and "gpipe/2bw [95% t]" in text
