@@ -75,3 +75,11 @@ def test_quick_start_3_is_the_plans_call(line):
     run = next(x for x in block.splitlines() if x.startswith("bash scripts/gpu_validate.sh"))
     assert run.removesuffix(" OUT") in plan  # the phases and budget the plan prints
     assert re.search(r"device time: (\d+) s", plan) and int(re.search(r"device time: (\d+) s", plan).group(1)) <= 840
+
+
+def test_the_demos_time_is_quoted_once_and_the_cli_agrees():
+    """One measured figure for the demo, in the README and in `delaylab --help`."""
+    minutes = re.findall(r"`make demo` then took about (\d+) minutes", README)
+    assert len(minutes) == 1
+    out = subprocess.run([sys.executable, "-m", "delaylab", "--help"], capture_output=True, text=True, check=True)
+    assert f"about {minutes[0]} minutes on 2 CPU cores" in " ".join(out.stdout.split())

@@ -63,7 +63,7 @@ def cmd_demo(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="train the small GPT sync vs delayed vs EF for AdamW and Muon over 4 seeds (about 4 minutes on 2 CPU cores)",
+        help="train the small GPT sync vs delayed vs EF for AdamW and Muon over 4 seeds (about 5 minutes on 2 CPU cores)",
         description=" ".join(__doc__.split("\n\n")[1].split()) if __doc__ else None,
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
