@@ -361,6 +361,11 @@ def summary_table(report: dict) -> list[str]:
                     with_counts(s["theory_agrees"], s.get("theory_counts"))] for s in report["summary"]])
 
 
+def _steps(n: int) -> str:
+    words = ("no", "one", "two", "three", "four", "five", "six")
+    return (words[n] if n < len(words) else str(n)) + (" step" if n == 1 else " steps")
+
+
 def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
              f"{report['preset_summary']}.", "", f"Made by `{report['command']}`. Every GPT run is a line of "
@@ -383,8 +388,8 @@ def markdown(report: dict) -> str:
               "computed per seed, since the two runs of a seed share init and batches). Intervals are 95%: "
               "Student-t for means and paired differences, Fieller's for ratios (a recovered share, a gap "
               "ratio, an lr optimum's shift; Fieller's set is unbounded where the denominator is not resolved "
-              "from 0). Every lr grid grows by x2 or /2 while its best point is at an edge (at most two steps "
-              "per side); an optimum still at an edge is marked censored.", ""]
+              "from 0). Every lr grid grows by x2 or /2 while its best point is at an edge (at most "
+              f"{_steps(report.get('lr_extend', 2))} per side); an optimum still at an edge is marked censored.", ""]
     coverage_line = coverage.intervals_text(report.get("intervals"))
     if coverage_line:
         lines += [coverage_line, ""]
