@@ -539,11 +539,11 @@ PRESETS: dict[str, Preset] = {
         field=FieldGrid(optimizer="muon", held=("tau-2", "tau-4", "tau-8"), retuned=("tau-2", "tau-4"),
                         raw_momentum=("tau-2", "tau-8"), random="uniform:0-8", drop=4, budget_setting="tau-4",
                         budgets=(1.0, 2.5), seeds=5, scan_seeds=1, overhead_seeds=5, lr_extend=4),
-        estimate="at least 389 runs (where no lr grid grows; 474-484 replaying the plan on the 3-seed report's "
-                 "runs, where grids grew at their edges); about 45 min on 2 cores, 2 runs at a time (the 3-seed "
-                 "report's per-run times, measured at a load average of 3.7: 321 runs in 29.5 min); at a load of 8 "
-                 "to 10 single runs take 2-4x longer (220 updates of the 2-layer model: 20 s AdamW, 34 s Muon, 44 s "
-                 "rotated Adam; 4 layers 3.8x AdamW's)",
+        estimate="at least 389 runs (where no lr grid grows; 473 in the committed report, where grids grew at their "
+                 "edges); 22.2 min on 2 cores, 2 runs at a time, at a load average of 0.5 (measured, the committed "
+                 "report); about 45 min at a load of 3.7 (the plan replayed on the 3-seed report's runs and per-run "
+                 "times: 474-484 runs); at a load of 8 to 10 single runs take 2-4x longer (220 updates of the 2-layer "
+                 "model: 20 s AdamW, 34 s Muon, 44 s rotated Adam; 4 layers 3.8x AdamW's)",
         notes=("sized for about 75 min of 2 cores (the estimate above): lr grids decided on one seed, 5 seeds per "
                "cell, 3 on the 8-layer model, the 4- and 8-layer settings at the lrs of the 2-layer one; momentum's "
                "effect is the cpu-small report's finding 3, not rerun here",),
