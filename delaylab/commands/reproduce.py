@@ -27,7 +27,7 @@ def register(sub) -> None:
                    help=f"grid: {', '.join(PRESETS)} (default cpu-small: the full protocol; cpu-quick: AdamW vs Muon "
                         "on the small GPT; cpu-tokens: the tokens-per-parameter axis; cpu-tokens-2: the same axis with tokens, "
                         "updates and the lr's decay moved one at a time; cpu-delays: the delay axis; each within 90 "
-                        "min on 2 CPU cores; cpu-field: the field's claims side by side, about 30 min; ci, "
+                        "min on 2 CPU cores; cpu-field: the field's claims side by side, about 25 min; ci, "
                         "ci-delays, ci-tokens, ci-field: seconds)")
     p.add_argument("action", nargs="?", choices=["claims"],
                    help="claims: list every reading of data that README.md and docs/ state, with its interval, "

@@ -361,6 +361,16 @@ def summary_table(report: dict) -> list[str]:
                     with_counts(s["theory_agrees"], s.get("theory_counts"))] for s in report["summary"]])
 
 
+def _growth(n: int) -> str:
+    """The lr grids' edge rule with the report's own limit (a report written before it was kept: two)."""
+    if n == 0:
+        return "No lr grid grows at an edge here; an optimum at an edge is marked censored."
+    words = ("no", "one", "two", "three", "four", "five", "six")
+    steps = (words[n] if n < len(words) else str(n)) + (" step" if n == 1 else " steps")
+    return (f"Every lr grid grows by x2 or /2 while its best point is at an edge (at most {steps} per side); an "
+            "optimum still at an edge is marked censored.")
+
+
 def markdown(report: dict) -> str:
     lines = [f"# delaylab reproduce: preset `{report['preset']}`", "",
              f"{report['preset_summary']}.", "", f"Made by `{report['command']}`. Every GPT run is a line of "
@@ -383,8 +393,7 @@ def markdown(report: dict) -> str:
               "computed per seed, since the two runs of a seed share init and batches). Intervals are 95%: "
               "Student-t for means and paired differences, Fieller's for ratios (a recovered share, a gap "
               "ratio, an lr optimum's shift; Fieller's set is unbounded where the denominator is not resolved "
-              "from 0). Every lr grid grows by x2 or /2 while its best point is at an edge (at most two steps "
-              "per side); an optimum still at an edge is marked censored.", ""]
+              "from 0). " + _growth(report.get("lr_extend", 2)), ""]
     coverage_line = coverage.intervals_text(report.get("intervals"))
     if coverage_line:
         lines += [coverage_line, ""]

@@ -509,8 +509,8 @@ PRESETS: dict[str, Preset] = {
                 "at P = 4 and 8 beside 2BW and a uniform tau = P - 1 on 4- and 8-layer models; Muon's tau curve with "
                 "the lr held at tau 1's and tuned at every tau, prediction along the raw momentum, Ringmaster's "
                 "threshold drop:4 under a delay uniform on {0..8}, and the iso-loss token overhead at 220 and 550 "
-                "updates; lrs tuned on 1-seed grids grown at an edge (sync; each mode at tau 1 and 8), 3 seeds per "
-                "cell (2 on the 8-layer model)",
+                "updates; lrs tuned on 1-seed grids grown at an edge up to four steps per side (sync; each mode at tau 1 "
+                "and 8), 5 seeds per cell (3 on the 8-layer model)",
         llm=None, schedules=None, toy=None,
         delays=DelayGrid(
             base=_FIELD_RUN,
@@ -528,22 +528,25 @@ PRESETS: dict[str, Preset] = {
                 DelaySetting("tau-3-l4", 3, model={"n_layer": 4}, modes=("delayed",)),
                 DelaySetting("2bw-4", 1, model={"n_layer": 4}, modes=("delayed",)),
                 DelaySetting("pipedream-8", (7, 6, 5, 4, 3, 2, 1, 0), model={"n_layer": 8}, modes=("delayed",),
-                             seeds=2),
-                DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",), seeds=2),
+                             seeds=3),
+                DelaySetting("2bw-8", 1, model={"n_layer": 8}, modes=("delayed",), seeds=3),
             ),
             tuned=("tau-1", "tau-8"), modes=("delayed", "ef", "predict", "lookahead", "dc-asgd-a"),
-            seeds=3, scan_seeds=1, lr_extend=2,
+            # four steps per side: with two, Muon's tau-8 optimum (and every lr interpolated from it) stayed
+            # at its grid's low edge
+            seeds=5, scan_seeds=1, lr_extend=4,
         ),
         field=FieldGrid(optimizer="muon", held=("tau-2", "tau-4", "tau-8"), retuned=("tau-2", "tau-4"),
                         raw_momentum=("tau-2", "tau-8"), random="uniform:0-8", drop=4, budget_setting="tau-4",
-                        budgets=(1.0, 2.5), seeds=3, scan_seeds=1),
-        estimate="at least 260 runs (321 in the committed report, where lr grids grew at their edges); 29.5 min on 2 "
-                 "cores, 2 runs at a time, at a load average of 3.7 (measured, the committed report); at a load of 8 "
-                 "to 10 single runs take 2-4x longer (220 updates of the 2-layer model: 20 s AdamW, 34 s Muon, 44 s "
-                 "rotated Adam; 4 layers 3.8x AdamW's), about 130 min",
-        notes=("sized for two hours of 2 cores (the estimate above): lr grids decided on one "
-               "seed, 3 seeds per cell, 2 on the 8-layer model, the 4- and 8-layer settings at the lrs of the "
-               "2-layer one; momentum's effect is the cpu-small report's finding 3, not rerun here",),
+                        budgets=(1.0, 2.5), seeds=5, scan_seeds=1, overhead_seeds=5, lr_extend=4),
+        estimate="at least 389 runs (where no lr grid grows; 473 in the committed report, where grids grew at their "
+                 "edges); 22.2 min on 2 cores, 2 runs at a time, at a load average of 0.5 (measured, the committed "
+                 "report); about 45 min at a load of 3.7 (the plan replayed on the 3-seed report's runs and per-run "
+                 "times: 474-484 runs); at a load of 8 to 10 single runs take 2-4x longer (220 updates of the 2-layer "
+                 "model: 20 s AdamW, 34 s Muon, 44 s rotated Adam; 4 layers 3.8x AdamW's)",
+        notes=("sized for about 75 min of 2 cores (the estimate above): lr grids decided on one seed, 5 seeds per "
+               "cell, 3 on the 8-layer model, the 4- and 8-layer settings at the lrs of the 2-layer one; momentum's "
+               "effect is the cpu-small report's finding 3, not rerun here",),
     ),
     "ci-field": Preset(
         name="ci-field",

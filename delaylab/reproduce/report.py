@@ -177,4 +177,9 @@ def build(L: Ledger, draw: Path | None = None) -> dict:
             "multiplicity": coverage.multiplicity(list(parts.values()), intervals), "theory_column": theory,
             "parts": list(parts.values()), "sessions": sessions or [],
             "session": (sessions or [{}])[-1], "runs_file": RUNS, "ns_dtypes": L.ns_dtypes(),
-            "decisions": L.decisions()}
+            "decisions": L.decisions(), "lr_extend": lr_extend(p)}
+
+
+def lr_extend(p) -> int:
+    """The most x2 or /2 steps per side any lr grid of the preset may grow (the report's header states it)."""
+    return max((g.lr_extend for g in (p.llm, p.scale, p.delays, p.tokens, p.field) if g is not None), default=0)
