@@ -359,6 +359,31 @@ def _line(r: dict) -> str:
     return f"{r['statement']} -> **{r['verdict']}**"
 
 
+def validations_within(cell: dict, fraction: float) -> int:
+    """How many of the cell's gap-curve validations a pilot of ``fraction`` of the updates holds
+    (the cut of :func:`delaylab.predict.cells.pilot_view`)."""
+    last = math.floor(fraction * cell["steps"] + 1e-9)
+    return sum(u <= last for u, _ in cell["measured"]["curve"])
+
+
+def pilot_holds(cells: list[dict], fraction: float) -> list[str]:
+    """Why a pilot has little to extrapolate from: how many validations it holds, per cell."""
+    def counts(f):
+        n: dict = {}
+        for c in cells:
+            k = validations_within(c, f)
+            n[k] = n.get(k, 0) + 1
+        return ", ".join(f"{k} in {v}" for k, v in sorted(n.items()))
+
+    sizes = [len(c["measured"]["curve"]) for c in cells if c["measured"]["curve"]]
+    one_two = sum(validations_within(c, fraction) == 1 and validations_within(c, 0.2) == 2 for c in cells)
+    return [f"What a pilot has to go on: the committed runs validate {min(sizes)} to {max(sizes)} times each, so "
+            f"the first {fraction:.0%} of the updates hold this many validations of the gap per cell: "
+            f"{counts(fraction)} (of {len(cells)} cells); the first 20% hold {counts(0.2)}. In {one_two} cells the pilot "
+            "extrapolates one noisy point where the 20% baseline holds two; a pilot that validates more often, which "
+            "these reports did not, is the way to give it more.", ""]
+
+
 def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
     """docs/predict.md: the targets first (met or missed, with the numbers), then the tables."""
     from delaylab.predict import fresh as F
@@ -400,6 +425,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
         L.append("")
     else:
         L += ["The fresh cells (a grid no predictor has seen) have not been scored yet.", ""]
+    L += pilot_holds(cells, s["pilot_fraction"])
     L += ["## The score (leave one report out)", "",
           f"{s['cells']} cells: " + ", ".join(f"{r} {n}" for r, n in sorted(by.items())) + ". "
           f"The NQM score's {nqm_n} cells ({', '.join(s['nqm_reports'])}; the goals count on them) are "

@@ -114,3 +114,24 @@ def test_the_page_is_rendered_from_the_score(score):
     fresh = json.loads(fresh_path.read_text()) if fresh_path.is_file() else None
     assert R.readings(score, fresh) == score["summary"]["readings"]
     assert R.markdown(score, fresh, publish.load_fitted()) == (ROOT / "docs/predict.md").read_text()
+
+
+def test_what_a_pilot_holds_is_counted_from_the_committed_runs():
+    """The page's count of validations a 10% and a 20% pilot hold, recounted from the committed runs
+    through the pilot's own view (not the score file the page was rendered from)."""
+    import re
+
+    from delaylab.predict import cells as C
+
+    cells = C.load(root=ROOT / "docs")
+    md = (ROOT / "docs/predict.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("What a pilot has to go on"))
+    said_counts = re.findall(r"hold (?:this many validations of the gap per cell: )?((?:\d+ in \d+(?:, )?)+)", line)
+    assert len(said_counts) == 2
+    for f, said in zip((0.1, 0.2), said_counts):
+        n: dict = {}
+        for c in cells:
+            k = len(C.pilot_curve(C.pilot_view(c, f)))
+            n[k] = n.get(k, 0) + 1
+        assert said.strip(", ") == ", ".join(f"{k} in {v}" for k, v in sorted(n.items()))
+    assert f"(of {len(cells)} cells)" in line
