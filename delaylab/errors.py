@@ -30,6 +30,11 @@ class MissingExtra(DelaylabError, ImportError):
     """An optional dependency is not installed; the message says which extra brings it."""
 
 
+def install_hint(extra: str) -> str:
+    """How to install an extra: delaylab is installed from its checkout (it is not on PyPI)."""
+    return f"pip install -e '.[{extra}]' in the delaylab checkout"
+
+
 @contextlib.contextmanager
 def overflow_is_divergence(what: str):
     """Inside the block, torch's refusal of a scalar beyond the tensors' dtype (an lr of 1e38 in a

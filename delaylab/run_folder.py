@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from delaylab._io import dumps, write_json
-from delaylab.errors import ConfigError, MissingExtra, WriteFailed, cannot_write
+from delaylab.errors import ConfigError, MissingExtra, WriteFailed, cannot_write, install_hint
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 LOGGERS = ("none", "tensorboard", "wandb")
@@ -161,7 +161,7 @@ class _TensorBoard:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise MissingExtra("--log tensorboard needs the tensorboard package: pip install 'delaylab[log]'") from None
+            raise MissingExtra(f"--log tensorboard needs the tensorboard package: {install_hint('log')}") from None
         self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
 
     def log(self, rec: dict) -> None:
@@ -179,7 +179,7 @@ class _WandB:
         try:
             import wandb
         except ImportError:
-            raise MissingExtra("--log wandb needs the wandb package: pip install 'delaylab[wandb]'") from None
+            raise MissingExtra(f"--log wandb needs the wandb package: {install_hint('wandb')}") from None
         os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user says so
         self.run = wandb.init(project="delaylab", dir=str(out), config=config, reinit=True)
 

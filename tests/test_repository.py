@@ -125,3 +125,17 @@ def test_make_notebook_writes_outside_the_tracked_tree(tmp_path):
     assert (ROOT / "docs" / "notebooks" / m.group(2)).is_file()
     ignored = subprocess.run(["git", "check-ignore", "-q", str(written)], cwd=ROOT)
     assert ignored.returncode == 0, f"{written} is not ignored by git"
+
+
+def test_every_install_hint_names_a_declared_extra():
+    """delaylab is installed from its checkout, so a message that says `pip install 'delaylab[x]'`
+    cannot work; each hint goes through errors.install_hint with an extra pyproject declares."""
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = []
+    for path in (ROOT / "delaylab").rglob("*.py"):
+        text = path.read_text()
+        assert "pip install 'delaylab[" not in text, path
+        named += re.findall(r"install_hint\(['\"](\w+)['\"]\)", text)
+    assert named and set(named) <= extras, set(named) - extras

@@ -488,7 +488,7 @@ def register(sub) -> None:
         "pep", help="exact worst case by performance estimation (PEPit) against our bound",
         description="Worst case of deterministic SGD with momentum (delayed, optionally with EF) over all "
         "L-smooth functions with f(x0) - inf f <= Delta, solved as a semidefinite program by PEPit "
-        "(Clarabel), against Theorem 4 at sigma = 0. Needs the extra: pip install 'delaylab[pep]'. "
+        "(Clarabel), against Theorem 4 at sigma = 0. Needs the extra: pip install -e '.[pep]'. "
         "LMO methods (Muon) cannot be expressed: their step is not linear in the gradients.")
     e.add_argument("--method", default="sgdm", help="sgdm (default) or gd; lmo is refused with the reason")
     e.add_argument("--momentum", default="ema", help="ema (m = beta m + (1-beta) g, default) or heavyball "

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-from delaylab.errors import ConfigError, MissingExtra, MissingFile, WriteFailed, cannot_write
+from delaylab.errors import ConfigError, MissingExtra, MissingFile, WriteFailed, cannot_write, install_hint
 
 SHAKESPEARE = "shakespeare"
 TEXT_SUFFIXES = (".txt", ".md")
@@ -255,7 +255,7 @@ def tokenizer_file(tokenizer: str) -> Path | None:
 def load_tokenizer_file(path: Path) -> BPETokenizer:
     """A user's ``tokenizer.json`` (HF ``tokenizers`` format); a damaged file is a one-line error."""
     if importlib.util.find_spec("tokenizers") is None:
-        raise MissingExtra("a tokenizer file needs HF tokenizers: pip install 'delaylab[data]'")
+        raise MissingExtra(f"a tokenizer file needs HF tokenizers: {install_hint('data')}")
     from tokenizers import Tokenizer
 
     try:

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from delaylab.errors import ConfigError, MissingExtra
+from delaylab.errors import ConfigError, MissingExtra, install_hint
 from delaylab.optim.combined import CombinedOptimizer
 from delaylab.optim.lmo_momentum import LMOMomentum
 
@@ -103,7 +103,7 @@ def _third_party(name: str):
         import pytorch_optimizer
     except ImportError:
         raise MissingExtra(
-            f"optimizer {name!r} needs the pytorch-optimizer package: pip install 'delaylab[optimizers]'"
+            f"optimizer {name!r} needs the pytorch-optimizer package: {install_hint('optimizers')}"
         ) from None
     return getattr(pytorch_optimizer, THIRD_PARTY[name])
 

@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from delaylab.errors import ConfigError, MissingExtra
+from delaylab.errors import ConfigError, MissingExtra, install_hint
 
-INSTALL_HINT = "pip install 'delaylab[pep]'"
+INSTALL_HINT = install_hint("pep")
 METHODS = ("sgdm", "gd")
 MOMENTA = ("ema", "heavyball")
 METRICS = ("min", "mean")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'delaylab[titan]')")
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "torchtitan.md"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'delaylab[titan]')")
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
 from torchtitan.components.optimizer import ParamGroupConfig  # noqa: E402

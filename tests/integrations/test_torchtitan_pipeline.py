@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'delaylab[titan]')")
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 
 def _rank(schedules: list[str], dump: str) -> dict:

@@ -19,7 +19,7 @@ import shutil
 import pytest
 import torch
 
-pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'delaylab[titan]')")
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 from titan_cpu import launch  # noqa: E402
 

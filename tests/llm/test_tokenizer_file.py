@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-pytest.importorskip("tokenizers", reason="HF tokenizers is not installed (pip install 'delaylab[data]')")
+pytest.importorskip("tokenizers", reason="HF tokenizers is not installed (pip install -e '.[data]')")
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 

@@ -22,7 +22,7 @@ from delaylab.theory import pep
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_PEPIT = importlib.util.find_spec("PEPit") is not None
-needs_pepit = pytest.mark.skipif(not HAVE_PEPIT, reason="PEPit not installed: pip install 'delaylab[pep]'")
+needs_pepit = pytest.mark.skipif(not HAVE_PEPIT, reason="PEPit not installed: pip install -e '.[pep]'")
 # The solver's accuracy: PEP values are checked against closed forms and simulations to this.
 TOL = 1e-6
 
@@ -35,13 +35,13 @@ def test_the_test_extra_installs_the_pep_extra():
 
 def test_without_pepit_the_library_and_the_cli_say_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "PEPit", None)  # makes `import PEPit` raise ImportError
-    with pytest.raises(MissingExtra, match=re.escape("pip install 'delaylab[pep]'")):
+    with pytest.raises(MissingExtra, match=re.escape("pip install -e '.[pep]'")):
         pep.worst_case("gd", T=2, eta=1.0)
     argv = ["theory", "pep", "--method", "sgdm", "--delay", "1", "--T", "8", "--eta", "0.1", "--beta", "0.5"]
     assert main(argv + ["--json"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.count("\n") == 1 and "pip install 'delaylab[pep]'" in err
+    assert err.count("\n") == 1 and "pip install -e '.[pep]'" in err
 
 
 def test_lmo_and_bad_input_are_refused_with_the_reason(capsys):
@@ -66,7 +66,7 @@ def test_help_names_the_extra(capsys):
         main(["theory", "pep", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "pip install 'delaylab[pep]'" in out and "--json" in out
+    assert "pip install -e '.[pep]'" in out and "--json" in out
 
 
 @needs_pepit

@@ -24,12 +24,12 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    from delaylab.errors import MissingExtra
+    from delaylab.errors import MissingExtra, install_hint
 
     try:
         module = importlib.import_module(f"{__name__}.{_HOME[name]}")
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in ("torchtitan", "triton"):
-            raise MissingExtra(f"{name} needs torchtitan: pip install 'delaylab[titan]' ({err.name} is missing)") from None
+            raise MissingExtra(f"{name} needs torchtitan: {install_hint('titan')} ({err.name} is missing)") from None
         raise
     return getattr(module, name)
