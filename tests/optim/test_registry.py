@@ -1,6 +1,7 @@
 """build_optimizer: names, the Muon/AdamW split, hyperparameter mapping, errors."""
 
 import builtins
+import re
 
 import pytest
 import torch
