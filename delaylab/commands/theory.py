@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from delaylab.errors import install_hint
 from delaylab._io import save_figure
 from delaylab.commands._common import (add_json_flag, csv_list, emit, nonneg_int, positive_float, positive_int,
                                        unit_interval)
@@ -488,7 +489,7 @@ def register(sub) -> None:
         "pep", help="exact worst case by performance estimation (PEPit) against our bound",
         description="Worst case of deterministic SGD with momentum (delayed, optionally with EF) over all "
         "L-smooth functions with f(x0) - inf f <= Delta, solved as a semidefinite program by PEPit "
-        "(Clarabel), against Theorem 4 at sigma = 0. Needs the extra: pip install -e '.[pep]'. "
+        f"(Clarabel), against Theorem 4 at sigma = 0. Needs the extra: {install_hint('pep')}. "
         "LMO methods (Muon) cannot be expressed: their step is not linear in the gradients.")
     e.add_argument("--method", default="sgdm", help="sgdm (default) or gd; lmo is refused with the reason")
     e.add_argument("--momentum", default="ema", help="ema (m = beta m + (1-beta) g, default) or heavyball "
