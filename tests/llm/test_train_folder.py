@@ -1,6 +1,7 @@
 """The llm run folder both engines share: guard, resume check, metrics and their mirrors, divergence."""
 
 import json
+import re
 import sys
 import types
 
@@ -69,7 +70,7 @@ def test_wandb_gets_every_metrics_line_offline(quick, corpus, tmp_path, monkeypa
 
 def test_a_missing_logger_is_a_one_line_hint(quick, corpus, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
-    with pytest.raises(MissingExtra, match=r"pip install 'delaylab\[wandb\]'"):
+    with pytest.raises(MissingExtra, match=re.escape("pip install -e '.[wandb]'")):
         train(quick(steps=2, log="wandb"), tmp_path / "run", dataset=corpus)
 
 
