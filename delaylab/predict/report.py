@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -369,10 +370,7 @@ def validations_within(cell: dict, fraction: float) -> int:
 def pilot_holds(cells: list[dict], fraction: float) -> list[str]:
     """Why a pilot has little to extrapolate from: how many validations it holds, per cell."""
     def counts(f):
-        n: dict = {}
-        for c in cells:
-            k = validations_within(c, f)
-            n[k] = n.get(k, 0) + 1
+        n = Counter(validations_within(c, f) for c in cells)
         return ", ".join(f"{k} in {v}" for k, v in sorted(n.items()))
 
     sizes = [len(c["measured"]["curve"]) for c in cells if c["measured"]["curve"]]
