@@ -1,7 +1,8 @@
 """The named predictors on a user's run folders (``delaylab llm train`` output): ``predict gap`` and
 ``predict pilot``.
 
-A run folder holds config.json, metrics.jsonl (the val loss at each validation) and, once
+A run folder holds config.json, metrics.jsonl (the val loss at each validation, the train loss
+at each line) and, once
 finished, summary.json. :func:`run_view` turns one into what a predictor sees of a cell; the
 fitted models are the ones ``delaylab predict score`` saved (:data:`delaylab.predict.publish.FITTED`),
 fitted on every committed cell, and each answer quotes the held-out score that backs it.
@@ -42,7 +43,8 @@ def read_run(folder) -> dict:
     if not folder.is_dir():
         raise MissingFile(f"{folder}: no such run folder")
     cfg = Config.from_dict(require_folder(folder))
-    curve = [[m["step"], float(m["val_loss"])] for m in read_metrics(folder)
+    lines = read_metrics(folder)
+    curve = [[m["step"], float(m["val_loss"])] for m in lines
              if m.get("val_loss") is not None and math.isfinite(m["val_loss"])]
     if not curve:
         raise ConfigError(f"{folder}: no validation in metrics.jsonl (a val curve is needed: run with --eval-every)")
@@ -60,7 +62,9 @@ def read_run(folder) -> dict:
                 "params": summary.get("params") or _params(cfg)}
     settings["tokens"] = settings["steps"] * settings["batch_size"] * (cfg.model.block_size or 0)
     val_loss = curve[-1][1] if finished and curve[-1][0] == cfg.run.steps else None
-    return {"settings": settings, "run": {"seed": cfg.run.seed, "val_loss": val_loss, "curve": curve},
+    # the train loss lines (each the mean since the line before): the dense pilot's series
+    train = [[m["step"], float(m["train_loss"])] for m in lines if m.get("train_loss") is not None]
+    return {"settings": settings, "run": {"seed": cfg.run.seed, "val_loss": val_loss, "curve": curve, "train": train},
             "finished": finished, "folder": str(folder)}
 
 

@@ -65,15 +65,21 @@ def _key(run: dict, fields) -> tuple:
     return tuple(json.dumps(run.get(k)) if isinstance(run.get(k), list) else run.get(k) for k in fields)
 
 
-def _run(run: dict) -> dict:
-    """A run as a cell keeps it: seed, final val loss and the val curve as [update, loss]."""
+def _run(run: dict, pilots: dict) -> dict:
+    """A run as a cell keeps it: seed, folder, final val loss, the val curve as [update, loss] and,
+    where its dense pilot was run (:mod:`delaylab.predict.pilots`), the pilot's binned train loss
+    ``train`` as [update, loss] (None where not)."""
     tokens, steps = run["tokens"], run["steps"]
     curve = [[round(t / tokens * steps), v] for t, v in run.get("val_curve") or []]
-    return {"seed": run["seed"], "val_loss": run["val_loss"], "curve": curve}
+    dense = pilots.get(run.get("folder"))
+    return {"seed": run["seed"], "folder": run.get("folder"), "val_loss": run["val_loss"], "curve": curve,
+            "train": None if dense is None else dense["train"]}
 
 
-def cells_of(report: str, runs: list[dict]) -> list[dict]:
-    """Every delayed cell of one report's runs that has sync runs of the same settings and seeds."""
+def cells_of(report: str, runs: list[dict], pilots: dict | None = None) -> list[dict]:
+    """Every delayed cell of one report's runs that has sync runs of the same settings and seeds;
+    ``pilots``: the report's dense pilots by folder (:func:`delaylab.predict.pilots.read`)."""
+    pilots = pilots or {}
     sync: dict = {}
     for r in runs:
         if r["mode"] == "sync" and not r.get("sync_start") and not r.get("sync_cooldown"):
@@ -95,7 +101,7 @@ def cells_of(report: str, runs: list[dict]) -> list[dict]:
                     lr_schedule=first.get("lr_schedule") or "cosine", sync_start=first.get("sync_start") or 0,
                     sync_cooldown=first.get("sync_cooldown") or 0,
                     mean_delay=mean_delay(first["delay"], first.get("delay_dist")),
-                    sync=[_run(base[s]) for s in seeds], delayed=[_run(by_seed[s]) for s in seeds])
+                    sync=[_run(base[s], pilots) for s in seeds], delayed=[_run(by_seed[s], pilots) for s in seeds])
         cell["measured"] = measured(cell)
         out.append(cell)
     return out
@@ -132,8 +138,10 @@ def load(root="docs", reports=REPORTS, beyond=BEYOND, extra=()) -> list[dict]:
     folders = [(name, root / "reproduce" / name) for name in reports] + [(name, root / "beyond" / name)
                                                                          for name in beyond]
     folders += [(Path(f).name, Path(f)) for f in extra]
+    from delaylab.predict.pilots import read
+
     for name, folder in folders:
-        out.extend(cells_of(name, report_runs(folder)))
+        out.extend(cells_of(name, report_runs(folder), read(root, name)))
     return [c for c in out if c["measured"]["gap"] is not None]
 
 
@@ -162,12 +170,14 @@ def sync_view(cell: dict) -> dict:
 
 def pilot_view(cell: dict, fraction: float) -> dict:
     """The held-out cell as a pilot sees it: its settings (the schedule to the end is known) and every
-    run, sync and delayed, cut after ``fraction`` of the updates: the validations up to there, no
-    final loss."""
+    run, sync and delayed, cut after ``fraction`` of the updates: the validations and the dense
+    pilot's train losses up to there, no final loss."""
     last = math.floor(fraction * cell["steps"] + 1e-9)
 
     def cut(r):
-        return {"seed": r["seed"], "curve": [[u, v] for u, v in r["curve"] if u <= last]}
+        train = r.get("train")
+        return {"seed": r["seed"], "curve": [[u, v] for u, v in r["curve"] if u <= last],
+                "train": None if train is None else [[u, v] for u, v in train if u <= last]}
 
     return {**config(cell), "pilot_updates": last, "sync": [cut(r) for r in cell["sync"]],
             "delayed": [cut(r) for r in cell["delayed"]]}

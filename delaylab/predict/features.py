@@ -12,6 +12,8 @@
   stage meets the delayed limit).
 * :func:`sync_curve`: the sync runs' mean val loss by update, and :func:`curve_features` of it.
 * :func:`pilot`: the pilot's gap at its last validation (mean over seeds) and its spread.
+* :func:`dense_pilot`: the dense pilot's paired train-loss gap over the last quarter of its
+  updates, and its trend from the quarter before (:mod:`delaylab.predict.pilots`).
 """
 
 from __future__ import annotations
@@ -114,3 +116,35 @@ def pilot(view: dict) -> dict:
     u, g = curve[-1]
     return {"pilot_gap": g, "log_pilot": math.log(max(g, PILOT_FLOOR)), "pilot_missing": 0.0,
             "pilot_at": u / view["steps"]}
+
+
+def _quarter_gaps(view: dict) -> tuple[float, float] | None:
+    """The paired train-loss gap (delayed - sync, bin by bin: the two runs of a seed drew the same
+    batches) averaged over the pilot's last quarter of updates and over the quarter before, then over
+    seeds; None where a run has no dense pilot or a quarter holds no bin both runs logged."""
+    last = view["pilot_updates"]
+    per_seed = []
+    for a, b in zip(view["sync"], view["delayed"]):
+        if not a.get("train") or not b.get("train"):
+            return None
+        at = dict((u, v) for u, v in a["train"])
+        gaps = [(u, v - at[u]) for u, v in b["train"] if u in at]
+        q4 = [g for u, g in gaps if u > 0.75 * last]
+        q3 = [g for u, g in gaps if 0.5 * last < u <= 0.75 * last]
+        if not q4 or not q3:
+            return None
+        per_seed.append((float(np.mean(q4)), float(np.mean(q3))))
+    if not per_seed:
+        return None
+    return float(np.mean([p[0] for p in per_seed])), float(np.mean([p[1] for p in per_seed]))
+
+
+def dense_pilot(view: dict) -> dict:
+    """``log_tg``: the log of the last quarter's paired train-loss gap (floored as :func:`pilot`'s);
+    ``tg_trend``: it minus the log of the quarter before (the gap growing: > 0); where the pilot is
+    not dense (``dense_missing`` 1) the val pilot's log gap stands in and the trend is 0."""
+    q = _quarter_gaps(view)
+    if q is None:
+        return {"log_tg": pilot(view)["log_pilot"], "tg_trend": 0.0, "dense_missing": 1.0}
+    g4, g3 = (math.log(max(g, PILOT_FLOOR)) for g in q)
+    return {"log_tg": g4, "tg_trend": g4 - g3, "dense_missing": 0.0}

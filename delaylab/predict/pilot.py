@@ -9,6 +9,11 @@ law's, log(gap / tau) on the lr, updates, batch, size, corrector; ``pilot law (m
 margin law's), so the extrapolation knows how long the run is, how the lr decays and how the
 delay's cost moves with the lr and tau. The interval: the 95% t band of the held-in cells'
 leave-one-report-out residuals.
+
+``pilot law (dense), 10%`` reads the dense pilot in place of the last validation: the paired
+train-loss gap over the pilot's last quarter and its trend from the quarter before
+(:func:`delaylab.predict.features.dense_pilot`; the runs :mod:`delaylab.predict.pilots` reran),
+with the same tau law of the settings.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from delaylab.predict.law import LAW, LAW_TAU, tau_features, tau_offset
 
 FRACTION = 0.1
 PILOT_NAMES = ["log_pilot", "log_pilot_adam", "pilot_missing"]
+DENSE_NAMES = ["log_tg", "log_tg_adam", "tg_trend", "dense_missing"]
 
 
 def _features(view, settings=tau_features):
@@ -34,3 +40,14 @@ def pilot(fraction: float = FRACTION):
 def pilot_margin(fraction: float = FRACTION):
     return ridge(f"pilot law (margin), {fraction:.0%}", PILOT, lambda v: _features(v, F.settings),
                  LAW + PILOT_NAMES, "the pilot's gap extrapolated by the margin law of the settings", fraction=fraction)
+
+
+def _dense_features(view):
+    f, d = tau_features(view), F.dense_pilot(view)
+    return {**f, **d, "log_tg_adam": d["log_tg"] * f["adam"]}
+
+
+def pilot_dense(fraction: float = FRACTION):
+    return ridge(f"pilot law (dense), {fraction:.0%}", PILOT, _dense_features, LAW_TAU + DENSE_NAMES,
+                 "the dense pilot's train-loss gap and its trend, extrapolated by the tau law of the settings",
+                 fraction=fraction, offset=tau_offset)

@@ -116,7 +116,9 @@ def load_fitted(path=FITTED) -> dict:
 
 def score_fresh(folder: Path, cells: list[dict], summary: dict, models: dict, nqm_path) -> dict:
     """Every predictor fitted on every committed cell, scored once on the fresh cells in ``folder``."""
-    fresh = C.cells_of(folder.name, C.report_runs(folder))
+    from delaylab.predict.pilots import read
+
+    fresh = C.cells_of(folder.name, C.report_runs(folder), read(folder.parents[1], folder.name))
     preds = {}
     for p in harness.candidates(nqm_path):
         model = p.fit(cells)

@@ -20,7 +20,11 @@ import numpy as np
 
 from delaylab import stats
 from delaylab.predict import metrics as M
+from delaylab.predict.pilot import pilot as _val_pilot
+from delaylab.predict.pilot import pilot_dense as _dense_pilot
 from delaylab.reproduce.verdicts import UNDETERMINED, state
+
+DENSE, _VAL_PILOT = _dense_pilot().name, _val_pilot().name  # the pilot candidates the dense paragraph compares
 
 GREY = "0.6"
 
@@ -101,6 +105,9 @@ def readings(result: dict, fresh: dict | None = None) -> list[dict]:
         _goal("pilot_goal_x2", nqm, pilot, "within_x2", 170, f"pilot on the NQM score's {len(nqm)} cells"),
         _goal("pilot_goal_inside", nqm, pilot, "inside", 130, f"pilot on the NQM score's {len(nqm)} cells"),
     ]
+    if DENSE in sc:  # the dense pilot, whether named or not: does a pilot with more points close the gap?
+        out += [_beats("dense_vs_held20_x2", cells, DENSE, "pilot held, 20%", "within_x2", "dense pilot", lor),
+                _beats("dense_vs_held20_inside", cells, DENSE, "pilot held, 20%", "inside", "dense pilot", lor)]
     fl = s["floor"]
     out.append(_row("floor", f"seed-noise floor: half the seeds predict the other half within x2 in {fl['within_x2']:.1f} "
                              f"of {fl['cells']} cells on average, inside its interval in {fl['inside']:.1f}, "
@@ -367,8 +374,9 @@ def validations_within(cell: dict, fraction: float) -> int:
     return sum(u <= last for u, _ in cell["measured"]["curve"])
 
 
-def pilot_holds(cells: list[dict], fraction: float) -> list[str]:
-    """Why a pilot has little to extrapolate from: how many validations it holds, per cell."""
+def pilot_holds(cells: list[dict], fraction: float, scores: dict) -> list[str]:
+    """Why a pilot has little to extrapolate from: how many validations it holds, per cell; and what
+    the dense pilot, which holds more, scored (``scores``: the primary fold's)."""
     def counts(f):
         n = Counter(validations_within(c, f) for c in cells)
         return ", ".join(f"{k} in {v}" for k, v in sorted(n.items()))
@@ -378,8 +386,20 @@ def pilot_holds(cells: list[dict], fraction: float) -> list[str]:
     return [f"What a pilot has to go on: the committed runs validate {min(sizes)} to {max(sizes)} times each, so "
             f"the first {fraction:.0%} of the updates hold this many validations of the gap per cell: "
             f"{counts(fraction)} (of {len(cells)} cells); the first 20% hold {counts(0.2)}. In {one_two} cells the pilot "
-            "extrapolates one noisy point where the 20% baseline holds two; a pilot that validates more often, which "
-            "these reports did not, is the way to give it more.", ""]
+            "extrapolates one noisy point where the 20% baseline holds two.", ""] + _dense_lines(scores)
+
+
+def _dense_lines(scores: dict) -> list[str]:
+    if DENSE not in scores:
+        return []
+    d, v, h = scores[DENSE], scores[_VAL_PILOT], scores["pilot held, 20%"]
+    return [f"A dense pilot holds more: every run of the cells had its first 10% rerun with its train loss logged at "
+            "every update (`python -m delaylab.predict.pilots`, docs/predict/pilots/), "
+            "and the sync and delayed runs of a seed draw the same batches, so their paired train-loss gap along the "
+            f"pilot's window stands in for the one validation (**{DENSE}**, the same tau law of the settings). Its "
+            f"counts: within x2 in {d['within_x2']} cells, inside in {d['inside']}, Spearman's rho {_f(d['spearman'])}; "
+            f"the validation pilot law's {v['within_x2']}, {v['inside']}, {_f(v['spearman'])}; the gap at 20% held "
+            f"{h['within_x2']}, {h['inside']}, {_f(h['spearman'])}. Its readings against the 20% baseline are above.", ""]
 
 
 def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
@@ -423,7 +443,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
         L.append("")
     else:
         L += ["The fresh cells (a grid no predictor has seen) have not been scored yet.", ""]
-    L += pilot_holds(cells, s["pilot_fraction"])
+    L += pilot_holds(cells, s["pilot_fraction"], sc)
     L += ["## The score (leave one report out)", "",
           f"{s['cells']} cells: " + ", ".join(f"{r} {n}" for r, n in sorted(by.items())) + ". "
           f"The NQM score's {nqm_n} cells ({', '.join(s['nqm_reports'])}; the goals count on them) are "
@@ -501,6 +521,10 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
         L += [f"{fs['runs']} runs, {fs['cells']} cells (`docs/predict/fresh/runs.jsonl`); every predictor fitted on "
               "all committed cells:", ""]
         L += score_table(fs["scores"], fs["cells"], fs["floor"], subset=None)
+        later = [n for n in F.LATER if n in fs["scores"]]
+        if later:
+            L += ["", "Written after this grid had run and been scored, so listed here but not tested clean by it: "
+                  + ", ".join(later) + "."]
         L += ["", "| cell | measured (95% t) | " + f"{sync} | {pilot} | per-optimizer gap/tau | pilot held, 20% |",
               "|---|---|---|---|---|---|"]
         for c in fresh["cells"]:
@@ -523,6 +547,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
           "delaylab predict score                     # this page, docs/predict/score.json, the figure, fitted.json",
           "python -m delaylab.predict.fresh --out DIR  # the fresh grid (resumable); then",
           "delaylab predict score --fresh DIR          # scores it once",
+          "python -m delaylab.predict.pilots --out DIR # the dense pilots (resumable; about 30 min on 2 cores)",
           "delaylab predict gap --sync RUN_DIR --delay 2 [--correction ef] [--json]",
           "delaylab predict pilot --sync RUN_DIR --delayed RUN_DIR --steps N [--json]",
           "delaylab llm train ... --delay 1 --predict-at 0.1 --predict-sync SYNC_PILOT --out DIR  # a pilot, then pilot",

@@ -55,6 +55,8 @@ def _plant(cells, i, after: float | None):
     for r in c["delayed"]:
         r["val_loss"] += WRONG
         r["curve"] = [[u, v + WRONG if u > last else v] for u, v in r["curve"]]
+        # the dense pilot's train losses: wrong past ``after``, and a wrong one logged at the end
+        r["train"] = [[u, v + WRONG if u > last else v] for u, v in r["train"]] + [[c["steps"], WRONG]]
     return out
 
 
@@ -87,3 +89,13 @@ def test_a_plant_in_a_held_in_cell_moves_the_fit(cells, named):
     before = harness.held_out(sync, cells, "report")[i]["gap"]
     moved = harness.held_out(sync, _plant(cells, j, after=None), "report")[i]["gap"]
     assert moved != pytest.approx(before, rel=1e-6)
+
+
+def test_the_plant_inside_the_pilot_window_moves_the_dense_pilot(cells):
+    from delaylab.predict.pilot import pilot_dense
+
+    i = _target(cells)
+    p = pilot_dense()
+    before = harness.held_out(p, cells, "report")[i]["gap"]
+    assert harness.held_out(p, _plant(cells, i, after=0.1), "report")[i]["gap"] == before
+    assert harness.held_out(p, _plant(cells, i, after=None), "report")[i]["gap"] != pytest.approx(before, rel=1e-3)
