@@ -104,16 +104,16 @@ def plot_momentum(part3: dict):
         color = f"C{i}"
         for style, label, get in ((":", "lr fixed", lambda r: r["fixed_gap"]), ("--", "sync-tuned", lambda r: r["gap"]),
                                   ("-", "each tuned", lambda r: r["tuned"]["gap"])):
-            pts = [(r["momentum"], get(r)["mean"], get(r)["std"] or 0.0) for r in rs if get(r)["mean"] is not None]
+            pts = [(r["momentum"], get(r)["mean"], _t_error(get(r))) for r in rs if get(r)["mean"] is not None]
             if pts:
-                a.errorbar([x for x, _, _ in pts], [y for _, y, _ in pts], [e for _, _, e in pts], ls=style,
-                           marker="o", ms=3, capsize=2, color=color, label=f"{o}, {label}")
+                a.errorbar([x for x, _, _ in pts], [y for _, y, _ in pts], list(zip(*(e for _, _, e in pts))),
+                           ls=style, marker="o", ms=3, capsize=2, color=color, label=f"{o}, {label}")
     a.axhline(0, color="black", lw=0.8)
     a.set_xlabel("momentum")
     a.set_ylabel("delayed - sync val loss")
     a.legend(frameon=False, fontsize=6)
     a.grid(alpha=0.3)
-    a.set_title("measured, three lr protocols (error bars: std over seeds)", fontsize=9)
+    a.set_title("measured, three lr protocols (error bars: 95% t interval over seeds)", fontsize=9)
     for o, rs in by_opt.items():
         pred = rs[0]["prediction"]
         key = "relative_penalty" if pred["kind"] == "lmo" else "stable_shrink"
@@ -135,8 +135,9 @@ def plot_learning_rate(part4: dict):
         by_opt.setdefault(r["optimizer"], []).append(r)
     fig, axes = _subplots(len(by_opt), ncols=len(by_opt), w=4.5, h=3.5)
     for ax, (o, rs) in zip(axes, by_opt.items()):
-        pts = {m: [(r["lr"], r[m]["mean"], r[m]["std"] or 0.0) for r in rs] for m in ("sync", "delayed")}
-        llm_plots.loss_vs_lr(pts, f"{o}: final val loss vs peak lr", ax=ax)
+        # the t interval is symmetric about the mean: its half-width is the error bar
+        pts = {m: [(r["lr"], r[m]["mean"], _t_error(r[m])[1]) for r in rs] for m in ("sync", "delayed")}
+        llm_plots.loss_vs_lr(pts, f"{o}: final val loss vs peak lr (95% t)", ax=ax)
         for r in rs:
             if r["delayed"]["diverged"]:
                 ax.annotate("diverged", (r["lr"], ax.get_ylim()[1]), ha="center", va="top", fontsize=7, color="tab:red")
@@ -145,7 +146,7 @@ def plot_learning_rate(part4: dict):
 
 
 def plot_schedules(part5: dict, ax=None):
-    """Gap to sync of 2BW and PipeDream at each depth, per optimizer (mean +- std over seeds)."""
+    """Gap to sync of 2BW and PipeDream at each depth, per optimizer (mean over seeds, 95% t interval)."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 3.6))
     rows = [r for r in part5["rows"] if r["schedule"] != "sync"]
     opts = list(dict.fromkeys(r["optimizer"] for r in rows))
@@ -155,13 +156,13 @@ def plot_schedules(part5: dict, ax=None):
         mine = {r["optimizer"]: r for r in rows if r["schedule"] == name}
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(opts))]
         ys = [mine[o]["gap"]["mean"] if mine[o]["gap"]["mean"] is not None else math.nan for o in opts]
-        err = [mine[o]["gap"]["std"] or 0.0 for o in opts]
+        err = list(zip(*(_t_error(mine[o]["gap"]) for o in opts)))
         tau = mine[opts[0]]["delays"]
         ax.bar(xs, ys, width, yerr=err, capsize=2, label=f"{name} (tau {tau}, mean {mine[opts[0]]['mean_delay']:.2g})")
     ax.set_xticks(range(len(opts)), opts)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel("val loss - sync val loss")
-    ax.set_title("constant delay (2BW) vs PipeDream's per-stage delays", fontsize=9)
+    ax.set_title("constant delay (2BW) vs PipeDream's per-stage delays (error bars: 95% t interval)", fontsize=9)
     ax.legend(frameon=False, fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -211,18 +212,18 @@ def plot_ablations(part7: dict):
         for r in rows[key]:
             for name, st in r["settings"].items():
                 labels.append(f"{r['optimizer']}\n{name.split('-', 1)[1]}")
-                gaps.append((st["gap"]["mean"], st["gap"]["std"] or 0.0))
+                gaps.append((st["gap"]["mean"], _t_error(st["gap"])))
                 fix = st.get("fix_gap") or {}
-                efs.append((fix.get("mean"), fix.get("std") or 0.0))
+                efs.append((fix.get("mean"), _t_error(fix)))
         xs = range(len(labels))
         ax.bar([x - 0.2 for x in xs], [math.nan if g is None else g for g, _ in gaps], 0.4,
-               yerr=[e for _, e in gaps], capsize=2, color=FIX_COLORS["delayed"], label="delayed")
+               yerr=list(zip(*(e for _, e in gaps))), capsize=2, color=FIX_COLORS["delayed"], label="delayed")
         ax.bar([x + 0.2 for x in xs], [math.nan if g is None else g for g, _ in efs], 0.4,
-               yerr=[e for _, e in efs], capsize=2, color=FIX_COLORS["ef"], label="delayed + EF")
+               yerr=list(zip(*(e for _, e in efs))), capsize=2, color=FIX_COLORS["ef"], label="delayed + EF")
         ax.set_xticks(list(xs), labels, fontsize=7)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_ylabel("val loss - sync val loss")
-        ax.set_title(f"{key}: gap to the sync run of the same setting", fontsize=9)
+        ax.set_title(f"{key}: gap to the sync run of the same setting (95% t)", fontsize=9)
         ax.legend(frameon=False, fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
