@@ -157,6 +157,33 @@ def read(root, report: str) -> dict[str, dict]:
     return {x["folder"]: x for x in map(json.loads, path.read_text().splitlines()) if x}
 
 
+def agreement(root, reports) -> dict[str, dict]:
+    """Per report, how the dense pilots' validations compare with the committed runs' at the same
+    updates: ``compared``, ``equal`` (bit for bit) and ``max_rel`` (the largest relative difference)."""
+    from delaylab.predict import cells as C
+
+    root = Path(root)
+    out = {}
+    for rep in reports:
+        pilots = read(root, rep)
+        if not pilots:
+            continue
+        folder = root / ("beyond" if rep in C.BEYOND else "predict" if rep == "fresh" else "reproduce") / rep
+        n = equal = 0
+        worst = 0.0
+        for x in C.report_runs(folder):
+            p = pilots.get(x["folder"])
+            if p is None or not x["val_curve"]:
+                continue
+            committed = {round(t / x["tokens"] * x["steps"]): v for t, v in x["val_curve"]}
+            for u, v in p["val"]:
+                if u in committed:
+                    n, equal = n + 1, equal + (v == committed[u])
+                    worst = max(worst, abs(v - committed[u]) / abs(committed[u]))
+        out[rep] = {"compared": n, "equal": equal, "max_rel": worst}
+    return out
+
+
 def main(argv=None) -> int:
     from delaylab.predict import cells as C
 

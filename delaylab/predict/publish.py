@@ -68,6 +68,9 @@ def score(root="docs", out="docs/predict", md="docs/predict.md", fitted=FITTED, 
             measured[n][key] = ordinal_spearman([a for a, _ in preds], [b for _, b in preds])
     s["issue_table"] = {"measured": measured, "quoted": ISSUE_TABLE}
     s["corrector"] = corrector.score(cells)
+    from delaylab.predict import pilots
+
+    s["pilots_agree"] = pilots.agreement(root, s["reports"] + (["fresh"] if fresh_dir else []))
     models = fit_named(cells, s, nqm_path)
     write_json(fitted, models)
     fresh = score_fresh(Path(fresh_dir), cells, s, models, nqm_path) if fresh_dir else None

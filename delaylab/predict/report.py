@@ -389,6 +389,23 @@ def pilot_holds(cells: list[dict], fraction: float, scores: dict) -> list[str]:
             "extrapolates one noisy point where the 20% baseline holds two.", ""] + _dense_lines(scores)
 
 
+def _agreement_lines(agree: dict) -> list[str]:
+    """Whether the reruns are the committed runs: their validations compared at the same updates."""
+    if not agree:
+        return []
+    same = [r for r, a in agree.items() if a["equal"] == a["compared"]]
+    other = [f"{r} ({a['equal']} of {a['compared']}; the rest within a relative {a['max_rel']:.1e})"
+             for r, a in agree.items() if a["equal"] != a["compared"]]
+    return ["The reruns are the committed runs' first updates: their validations equal the committed runs' at the "
+            f"same updates bit for bit in {', '.join(same)}" + (f"; not bit for bit in {', '.join(other)}: same config "
+                                                                "and threads, and the difference grows with the "
+                                                                "pilot's length, as float-level differences amplified "
+                                                                "by training do (its runs were made in another "
+                                                                "session; the CPU it ran on was not recorded)"
+                                                                if other else "")
+            + ".", ""]
+
+
 def _dense_lines(scores: dict) -> list[str]:
     if DENSE not in scores:
         return []
@@ -443,7 +460,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
         L.append("")
     else:
         L += ["The fresh cells (a grid no predictor has seen) have not been scored yet.", ""]
-    L += pilot_holds(cells, s["pilot_fraction"], sc)
+    L += pilot_holds(cells, s["pilot_fraction"], sc) + _agreement_lines(s.get("pilots_agree") or {})
     L += ["## The score (leave one report out)", "",
           f"{s['cells']} cells: " + ", ".join(f"{r} {n}" for r, n in sorted(by.items())) + ". "
           f"The NQM score's {nqm_n} cells ({', '.join(s['nqm_reports'])}; the goals count on them) are "

@@ -18,9 +18,9 @@ from delaylab.reproduce import ledger as L
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-# cpu-tokens-2's runs were made on another day's machine: 89 of its 336 pilots validate bit for bit
-# like the committed runs, the rest differ by a relative 1e-7 after 28 updates growing to 2.7e-2
-# after 541 (float-level differences amplified by training; same config, threads 1 both times).
+# cpu-tokens-2's runs were made in another session (its CPU not recorded): 89 of its 336 pilots
+# validate bit for bit like the committed runs, the rest differ by a relative 1e-7 after 28 updates
+# growing to 2.7e-2 after 541 (float-level differences amplified by training; same config, threads 1).
 NOT_BITWISE = {"cpu-tokens-2": 0.03}
 
 
@@ -113,3 +113,14 @@ def test_the_candidates_written_after_the_freeze_are_named_as_such():
     assert set(fresh.LATER) <= names
     md = (DOCS.parent / "docs" / "predict.md").read_text()
     assert all(n in md.split("## Fresh cells, scored once")[1] for n in fresh.LATER)
+
+
+def test_the_page_states_the_agreement_the_pilots_have():
+    from delaylab.predict import pilots
+
+    agree = pilots.agreement(DOCS, list(C.REPORTS + C.BEYOND) + ["fresh"])
+    assert {r for r, a in agree.items() if a["equal"] != a["compared"]} == set(NOT_BITWISE)
+    assert all(a["max_rel"] <= NOT_BITWISE.get(r, 0.0) for r, a in agree.items())
+    line = next(x for x in (DOCS / "predict.md").read_text().splitlines() if x.startswith("The reruns are"))
+    a = agree["cpu-tokens-2"]
+    assert f"({a['equal']} of {a['compared']};" in line and f"{a['max_rel']:.1e}" in line
