@@ -28,7 +28,7 @@ from delaylab.reproduce.runner import LLMRun
 NAME = "fresh"
 FROZEN = "af31e9d1d3f5c77b04b919c4b258ceb72b7dc5a5"  # the commit whose predictors the fresh cells score
 # Candidates written after the grid had run and been scored: listed in its table, not a clean test of them.
-LATER = ("pilot law (dense), 10%",)
+LATER = ("pilot law (dense), 10%", "pilot ratio law, 10%")
 LRS = {"adamw": (7e-4, 1.4e-3), "muon": (0.014, 0.028)}
 MOMENTUM = {"adamw": 0.9, "muon": 0.95}
 DELAYS = {3: ("delayed", "ef"), 6: ("delayed",)}  # tau: its modes

@@ -32,7 +32,7 @@ def candidates(nqm_path=baselines.NQM_SCORE) -> list[Predictor]:
     """Every predictor the harness scores: the baselines, the sync-only candidates, the pilot."""
     return [*baselines.all_baselines(nqm_path), law.law(), law.law_tau(), law.law_curve(), bound.bound(),
             token_tax.token_tax(), nqm_eos.nqm_eos(nqm_path), pilot.pilot(), pilot.pilot_margin(),
-            pilot.pilot_dense()]
+            pilot.pilot_dense(), pilot.pilot_ratio()]
 
 
 def held_out(p: Predictor, cells: list[dict], fold: str) -> list[dict]:

@@ -10,6 +10,12 @@ margin law's), so the extrapolation knows how long the run is, how the lr decays
 delay's cost moves with the lr and tau. The interval: the 95% t band of the held-in cells'
 leave-one-report-out residuals.
 
+``pilot ratio law, 10%`` fits the extrapolation itself: ``log gap_end - log gap_pilot`` on the
+settings with the mean delay free (``log_tau``) and the pilot's log gap free (its weight shrinks
+towards 1, not 0). The pilot's gap already carries the delay's cost, so the tau laws' offset
+``log tau`` on top of it counts the delay twice wherever the held-in cells cannot fit it back out
+(leave cpu-delays out and few held-in cells have a delay other than 1).
+
 ``pilot law (dense), 10%`` reads the dense pilot in place of the last validation: the paired
 train-loss gap over the pilot's last quarter and its trend from the quarter before
 (:func:`delaylab.predict.features.dense_pilot`; the runs :mod:`delaylab.predict.pilots` reran),
@@ -51,3 +57,13 @@ def pilot_dense(fraction: float = FRACTION):
     return ridge(f"pilot law (dense), {fraction:.0%}", PILOT, _dense_features, LAW_TAU + DENSE_NAMES,
                  "the dense pilot's train-loss gap and its trend, extrapolated by the tau law of the settings",
                  fraction=fraction, offset=tau_offset)
+
+
+def _pilot_offset(view) -> float:
+    return F.pilot(view)["log_pilot"]
+
+
+def pilot_ratio(fraction: float = FRACTION):
+    return ridge(f"pilot ratio law, {fraction:.0%}", PILOT, _features, LAW_TAU + ["log_tau"] + PILOT_NAMES,
+                 "log(end gap / pilot gap) linear in the settings and the delay (the pilot's own weight free)",
+                 fraction=fraction, offset=_pilot_offset)
