@@ -18,6 +18,9 @@ def register(sub) -> None:
     s.add_argument("--md", default="docs/predict.md", help="the page (default docs/predict.md)")
     s.add_argument("--fresh", metavar="DIR", help="a runs.jsonl folder of fresh cells to score once "
                                                   "(python -m delaylab.predict.fresh); default docs/predict/fresh if there")
+    s.add_argument("--fresh2", metavar="DIR", help="the second fresh grid's runs.jsonl folder "
+                                                   "(python -m delaylab.predict.fresh --grid fresh-2); "
+                                                   "default docs/predict/fresh-2 if there")
     add_json_flag(s)
     s.set_defaults(func=cmd_score)
 
@@ -57,8 +60,11 @@ def cmd_score(args) -> int:
 
     from delaylab.predict import publish
 
-    fresh = args.fresh or (Path(args.out) / "fresh" if (Path(args.out) / "fresh" / "runs.jsonl").is_file() else None)
-    result = publish.score(args.root, args.out, args.md, fresh_dir=fresh,
+    def folder(given, name):
+        return given or (Path(args.out) / name if (Path(args.out) / name / "runs.jsonl").is_file() else None)
+
+    fresh, fresh2 = folder(args.fresh, "fresh"), folder(args.fresh2, "fresh-2")
+    result = publish.score(args.root, args.out, args.md, fresh_dir=fresh, fresh2_dir=fresh2,
                            progress=None if args.json else (lambda what: print(f"scored: {what}", flush=True)))
     s = result["summary"]
     brief = {"cells": s["cells"], "sync_only": s["sync_only"], "pilot": s["pilot"],

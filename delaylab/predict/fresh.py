@@ -36,38 +36,56 @@ SEEDS = 4
 BATCH = 12
 
 
-def base() -> dict:
-    """cpu-delays' base config with the fresh batch size."""
-    return {**get_preset("cpu-delays").delays.base, "batch_size": BATCH}
+# The second grid, run after the pilot ratio law was named (frozen at FROZEN_2): new again in its
+# delays (5 and 7), lrs (a factor 2^(1/4) below the reports' lattice points), batch (10 sequences)
+# and length (260 updates); the same model, 4 seeds.
+NAME_2 = "fresh-2"
+FROZEN_2 = "550676d684449333b3e586d932dfafbacbcc503a"
+GRID_2 = dict(lrs={"adamw": (8.4e-4, 1.68e-3), "muon": (0.0168, 0.0336)}, delays={5: ("delayed", "ef"), 7: ("delayed",)},
+              batch=10, steps=260, prefix="fresh2")
 
 
-def runs(seeds: int = SEEDS, lrs=None, delays=None) -> list[LLMRun]:
+def base(batch: int = BATCH, steps: int | None = None) -> dict:
+    """cpu-delays' base config with the fresh batch size (and length)."""
+    b = {**get_preset("cpu-delays").delays.base, "batch_size": batch}
+    if steps is not None:
+        b.update(steps=steps, eval_every=max(1, steps // 10), ckpt_every=max(1, steps // 2))
+    return b
+
+
+def runs(seeds: int = SEEDS, lrs=None, delays=None, batch: int = BATCH, steps: int | None = None,
+         prefix: str = "fresh") -> list[LLMRun]:
     """Every run of the grid: sync once per (optimizer, lr, seed), each delay's modes beside it."""
-    b = base()
+    b = base(batch, steps)
     out = []
     for opt, grid in (lrs or LRS).items():
         for lr in grid:
             for s in range(seeds):
-                out.append(LLMRun("fresh-sync", b, Cell(opt, "sync", float(lr), MOMENTUM[opt], s), "sync"))
+                out.append(LLMRun(f"{prefix}-sync", b, Cell(opt, "sync", float(lr), MOMENTUM[opt], s), "sync"))
             for tau, modes in (delays or DELAYS).items():
                 for mode in modes:
                     for s in range(seeds):
-                        out.append(LLMRun(f"fresh-tau-{tau}", {**b, "delay": tau},
+                        out.append(LLMRun(f"{prefix}-tau-{tau}", {**b, "delay": tau},
                                           Cell(opt, mode, float(lr), MOMENTUM[opt], s), mode))
     return out
 
 
-def run(out, jobs: int = 2, seeds: int = SEEDS, lrs=None, delays=None) -> list[dict]:
-    """Run the grid under ``out`` (finished runs are read) and write ``out/runs.jsonl``."""
+def grid_runs(name: str, seeds: int = SEEDS) -> list[LLMRun]:
+    """The runs of the grid ``name`` (``fresh`` or ``fresh-2``)."""
+    return runs(seeds) if name == NAME else runs(seeds, **GRID_2)
+
+
+def run(out, jobs: int = 2, seeds: int = SEEDS, name: str = NAME) -> list[dict]:
+    """Run the grid ``name`` under ``out`` (finished runs are read) and write ``out/runs.jsonl``."""
     from delaylab._io import dumps
     from delaylab.reproduce import ledger, runner
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    todo = runs(seeds, lrs, delays)
+    todo = grid_runs(name, seeds)
     start = time.perf_counter()
     counts = runner.run(out, lambda o: todo, workers=jobs)
-    lines = ledger.gpt_lines(NAME, out, todo)
+    lines = ledger.gpt_lines(name, out, todo)
     (out / ledger.RUNS).write_text("".join(dumps(x) + "\n" for x in lines))
     with open(out / ledger.SESSIONS, "a") as f:
         f.write(json.dumps({**counts, "jobs": jobs, "wall_s": round(time.perf_counter() - start, 1)}) + "\n")
@@ -79,8 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="run folder (rerun to resume); runs.jsonl is written there")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=SEEDS)
+    ap.add_argument("--grid", choices=(NAME, NAME_2), default=NAME, help="which grid (default: the first)")
     args = ap.parse_args(argv)
-    lines = run(args.out, args.jobs, args.seeds)
+    lines = run(args.out, args.jobs, args.seeds, args.grid)
     print(f"{len(lines)} runs in {args.out}/runs.jsonl")
     return 0
 

@@ -15,7 +15,7 @@ same updates: tests/predict/test_pilots.py checks every one, bit for bit).
 
 Which configuration: a report's runs are listed by its plan on its Ledger
 (:func:`delaylab.reproduce.plan.plan`); docs/beyond/moe-cpu's by the sweep commands of
-docs/beyond.md (:data:`MOE_BASE`); the fresh grid's by :mod:`delaylab.predict.fresh`.
+docs/beyond.md (:data:`MOE_BASE`); the fresh grids' by :mod:`delaylab.predict.fresh`.
 
     python -m delaylab.predict.pilots --out DIR [--reports cpu-delays,...] [--jobs 2]
 
@@ -35,6 +35,7 @@ FRACTION = 0.1
 BINS = 20
 PILOTS = "pilots"  # docs/predict/pilots/<report>.jsonl
 DONE = "pilot.json"
+FRESH = ("fresh", "fresh-2")  # the fresh grids: docs/predict/<name>/runs.jsonl
 # docs/beyond.md's sweep commands for the dense / MoE runs: $COMMON and the three models.
 MOE_BASE = dict(preset="small", batch_size=16, block_size=64, steps=200, eval_every=20, threads=1)
 MOE_MODELS = {"dense_h256": dict(mlp_hidden=256), "moe_e4k1_h256": dict(mlp_hidden=256, moe_experts=4, moe_top_k=1),
@@ -102,12 +103,12 @@ def jobs(report: str, root="docs") -> list[tuple]:
         return [(report, x["folder"], {**MOE_BASE, **MOE_MODELS[x["model"]]},
                  dict(optimizer=x["optimizer"], mode=x["sweep_mode"], lr=x["lr"], momentum=x["momentum"],
                       seed=x["seed"])) for x in L.runs(folder) if x["folder"] in used]
-    if report == "fresh":
+    if report in FRESH:
         from delaylab.predict import fresh
 
         folder = root / "predict" / report
         used = _used(report, C.report_runs(folder))
-        return [(report, r.folder, r.base, _cell(r)) for r in fresh.runs() if r.folder in used]
+        return [(report, r.folder, r.base, _cell(r)) for r in fresh.grid_runs(report) if r.folder in used]
     folder = root / "reproduce" / report
     book = L.read(folder)
     used = _used(report, C.report_runs(folder))
@@ -168,7 +169,7 @@ def agreement(root, reports) -> dict[str, dict]:
         pilots = read(root, rep)
         if not pilots:
             continue
-        folder = root / ("beyond" if rep in C.BEYOND else "predict" if rep == "fresh" else "reproduce") / rep
+        folder = root / ("beyond" if rep in C.BEYOND else "predict" if rep in FRESH else "reproduce") / rep
         n = equal = 0
         worst = 0.0
         for x in C.report_runs(folder):

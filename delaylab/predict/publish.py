@@ -7,9 +7,9 @@ cells' score.
   three reports) and the corrector's score.
 * ``fitted.json`` (beside this module): the named sync-only and pilot predictors and the corrector
   chooser fitted on every committed cell, with the held-out scores that back them.
-* ``fresh.json``: every predictor fitted on every committed cell and scored once on the fresh
-  cells (:mod:`delaylab.predict.fresh`); the named ones must equal ``fitted.json``'s (a predictor
-  changed after the freeze would not), else this raises.
+* ``fresh.json`` and ``fresh-2.json``: every predictor fitted on every committed cell and scored
+  once on each fresh grid's cells (:mod:`delaylab.predict.fresh`); the named ones must equal
+  ``fitted.json``'s (a predictor changed after the freeze would not), else this raises.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def by_name(name: str, nqm_path=None):
 
 
 def score(root="docs", out="docs/predict", md="docs/predict.md", fitted=FITTED, fresh_dir=None,
-          folds=tuple(harness.FOLDS), progress=None) -> dict:
+          folds=tuple(harness.FOLDS), progress=None, fresh2_dir=None) -> dict:
     """Regenerate every output (module doc); returns score.json's dict."""
     from delaylab.predict.baselines import all_baselines
 
@@ -70,17 +70,20 @@ def score(root="docs", out="docs/predict", md="docs/predict.md", fitted=FITTED, 
     s["corrector"] = corrector.score(cells)
     from delaylab.predict import pilots
 
-    s["pilots_agree"] = pilots.agreement(root, s["reports"] + (["fresh"] if fresh_dir else []))
+    s["pilots_agree"] = pilots.agreement(root, s["reports"] + [Path(d).name for d in (fresh_dir, fresh2_dir) if d])
     models = fit_named(cells, s, nqm_path)
     write_json(fitted, models)
     fresh = score_fresh(Path(fresh_dir), cells, s, models, nqm_path) if fresh_dir else None
+    fresh2 = score_fresh(Path(fresh2_dir), cells, s, models, nqm_path) if fresh2_dir else None
     out.mkdir(parents=True, exist_ok=True)
-    s["readings"] = R.readings(result, fresh)
+    s["readings"] = R.readings(result, fresh, fresh2)
     write_json(out / "score.json", result)
     if fresh is not None:
         write_json(out / "fresh.json", fresh)
+    if fresh2 is not None:
+        write_json(out / "fresh-2.json", fresh2)
     R.figure(result, out / "predicted_vs_measured.png", fresh)
-    Path(md).write_text(R.markdown(result, fresh, models))
+    Path(md).write_text(R.markdown(result, fresh, models, fresh2))
     return result
 
 

@@ -86,7 +86,7 @@ def _goal(key, cells, name, what, goal, label):
                      f"against the goal of at least {goal}", iv, (goal, None), sum(hits), COUNT_RULE)
 
 
-def readings(result: dict, fresh: dict | None = None) -> list[dict]:
+def readings(result: dict, fresh: dict | None = None, fresh2: dict | None = None) -> list[dict]:
     """Every reading of the data docs/predict.md makes, as rows (module doc)."""
     s, cells = result["summary"], result["cells"]
     sync, pilot = s["sync_only"], s["pilot"]
@@ -128,20 +128,26 @@ def readings(result: dict, fresh: dict | None = None) -> list[dict]:
                                                  f"({sum(base)} of {len(base)}), 95% t {_iv(d['interval'])}",
                         d["interval"], (0, None), d["value"], DIFF_RULE))
     out = _headlines(result, out) + out
-    if fresh is not None:
-        fc = fresh["cells"]
-        fs = fresh["summary"]
-        out.append(_beats("fresh_sync_vs_gap_per_tau_x2", fc, sync, "per-optimizer gap/tau", "within_x2",
-                          "fresh cells, sync-only", "fitted on every committed cell"))
-        out.append(_beats("fresh_pilot_vs_held20_x2", fc, pilot, "pilot held, 20%", "within_x2",
-                          "fresh cells, pilot", "fitted on every committed cell"))
-        out.append(_beats("fresh_pilot_vs_held20_inside", fc, pilot, "pilot held, 20%", "inside",
-                          "fresh cells, pilot", "fitted on every committed cell"))
-        out += _fresh_headlines(fresh, out)
-        out.append(_row("fresh_rho", f"fresh cells: Spearman's rho {_f(fs['scores'][sync]['spearman'])} for {sync}, "
-                                     f"{_f(fs['scores']['per-optimizer gap/tau']['spearman'])} for per-optimizer gap/tau, "
-                                     f"{_f(fs['scores'][pilot]['spearman'])} for {pilot}"))
+    for grid, key, label in ((fresh, "fresh", "fresh cells"), (fresh2, "fresh2", "second fresh grid")):
+        if grid is not None:
+            out += _fresh_readings(grid, sync, pilot, key, label)
     return out
+
+
+def _fresh_readings(grid: dict, sync: str, pilot: str, key: str, label: str) -> list[dict]:
+    """The readings of one fresh grid (``key``: their keys' prefix, ``label``: how the page names it)."""
+    fc, fs = grid["cells"], grid["summary"]
+    rows = [_beats(f"{key}_sync_vs_gap_per_tau_x2", fc, sync, "per-optimizer gap/tau", "within_x2",
+                   f"{label}, sync-only", "fitted on every committed cell"),
+            _beats(f"{key}_pilot_vs_held20_x2", fc, pilot, "pilot held, 20%", "within_x2",
+                   f"{label}, pilot", "fitted on every committed cell"),
+            _beats(f"{key}_pilot_vs_held20_inside", fc, pilot, "pilot held, 20%", "inside",
+                   f"{label}, pilot", "fitted on every committed cell")]
+    rows += _fresh_headlines(grid, rows, key, label)
+    rows.append(_row(f"{key}_rho", f"{label}: Spearman's rho {_f(fs['scores'][sync]['spearman'])} for {sync}, "
+                                   f"{_f(fs['scores']['per-optimizer gap/tau']['spearman'])} for per-optimizer gap/tau, "
+                                   f"{_f(fs['scores'][pilot]['spearman'])} for {pilot}"))
+    return rows
 
 
 def _headlines(result: dict, rows: list[dict]) -> list[dict]:
@@ -192,8 +198,8 @@ def _headlines(result: dict, rows: list[dict]) -> list[dict]:
     return out
 
 
-def _fresh_headlines(fresh: dict, rows: list[dict]) -> list[dict]:
-    """The two beats-the-baseline targets again, on the fresh cells (counts there, readings of them)."""
+def _fresh_headlines(fresh: dict, rows: list[dict], key: str = "fresh", label: str = "fresh cells") -> list[dict]:
+    """The two beats-the-baseline targets again, on a fresh grid's cells (counts there, readings of them)."""
     fs = fresh["summary"]
     sc = fs["scores"]
     by = {r["key"]: r for r in rows}
@@ -203,13 +209,13 @@ def _fresh_headlines(fresh: dict, rows: list[dict]) -> list[dict]:
     sync_met = a["within_x2"] > b["within_x2"] and (a["spearman"] or -1) > (b["spearman"] or -1)
     pilot_met = p["within_x2"] > h["within_x2"] and p["inside"] > h["inside"]
     return [
-        {**{k: by["fresh_sync_vs_gap_per_tau_x2"][k] for k in ("interval", "region", "verdict")},
-         "key": "target_fresh_sync_beats", "headline": True, "met": sync_met,
-         "statement": f"fresh cells, sync-only ({fs['sync_only']}) against per-optimizer gap/tau: within x2 in "
+        {**{k: by[f"{key}_sync_vs_gap_per_tau_x2"][k] for k in ("interval", "region", "verdict")},
+         "key": f"target_{key}_sync_beats", "headline": True, "met": sync_met,
+         "statement": f"{label}, sync-only ({fs['sync_only']}) against per-optimizer gap/tau: within x2 in "
                       f"{a['within_x2']} vs {b['within_x2']} of {n}, Spearman {_f(a['spearman'])} vs {_f(b['spearman'])}"},
-        {**{k: by["fresh_pilot_vs_held20_x2"][k] for k in ("interval", "region", "verdict")},
-         "key": "target_fresh_pilot_beats", "headline": True, "met": pilot_met,
-         "statement": f"fresh cells, pilot ({fs['pilot']}) against the gap at 20% held: within x2 in {p['within_x2']} "
+        {**{k: by[f"{key}_pilot_vs_held20_x2"][k] for k in ("interval", "region", "verdict")},
+         "key": f"target_{key}_pilot_beats", "headline": True, "met": pilot_met,
+         "statement": f"{label}, pilot ({fs['pilot']}) against the gap at 20% held: within x2 in {p['within_x2']} "
                       f"vs {h['within_x2']} of {n}, inside {p['inside']} vs {h['inside']}"},
     ]
 
@@ -353,7 +359,8 @@ def claims(root) -> list:
         if r["region"] is None or r.get("headline"):
             continue
         sc = V.score(r["statement"], r["interval"], tuple(r["region"]), measured=r["measured"])
-        report = "docs/predict/fresh.json" if r["key"].startswith("fresh") else "docs/predict/score.json"
+        report = ("docs/predict/fresh-2.json" if r["key"].startswith("fresh2") else
+                  "docs/predict/fresh.json" if r["key"].startswith("fresh") else "docs/predict/score.json")
         out.append(Claim(claim_id(r), report, r["statement"], r["interval"], r["region"], r["verdict"], r["measured"],
                          r["rule"], V.why(sc), _line(r)))
     return out
@@ -372,6 +379,28 @@ def validations_within(cell: dict, fraction: float) -> int:
     (the cut of :func:`delaylab.predict.cells.pilot_view`)."""
     last = math.floor(fraction * cell["steps"] + 1e-9)
     return sum(u <= last for u, _ in cell["measured"]["curve"])
+
+
+def _fresh_section(grid: dict | None, sync: str, pilot: str, name: str, later) -> list[str]:
+    """One fresh grid's score table and per-cell predictions."""
+    if grid is None:
+        return ["Not scored yet.", ""]
+    fs = grid["summary"]
+    L = [f"{fs['runs']} runs, {fs['cells']} cells (`docs/predict/{name}/runs.jsonl`); every predictor fitted on "
+         "all committed cells:", ""]
+    L += score_table(fs["scores"], fs["cells"], fs["floor"], subset=None)
+    later = [n for n in later if n in fs["scores"]]
+    if later:
+        L += ["", "Written after this grid had run and been scored, so listed here but not tested clean by it: "
+              + ", ".join(later) + "."]
+    L += ["", "| cell | measured (95% t) | " + f"{sync} | {pilot} | per-optimizer gap/tau | pilot held, 20% |",
+          "|---|---|---|---|---|---|"]
+    for c in grid["cells"]:
+        m, p = c["measured"], c["predictions"]
+        L.append(f"| {c['id']} | {m['gap']:+.3f} {_iv(m['ci'], '+.3f')} | {_f(p[sync], '+.3f')} | "
+                 f"{_f(p[pilot], '+.3f')} | {_f(p['per-optimizer gap/tau'], '+.3f')} | "
+                 f"{_f(p['pilot held, 20%'], '+.3f')} |")
+    return L + [""]
 
 
 def pilot_holds(cells: list[dict], fraction: float, scores: dict) -> list[str]:
@@ -419,7 +448,7 @@ def _dense_lines(scores: dict) -> list[str]:
             f"{h['within_x2']}, {h['inside']}, {_f(h['spearman'])}. Its readings against the 20% baseline are above.", ""]
 
 
-def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
+def markdown(result: dict, fresh: dict | None, fitted: dict, fresh2: dict | None = None) -> str:
     """docs/predict.md: the targets first (met or missed, with the numbers), then the tables."""
     from delaylab.predict import fresh as F
     from delaylab.predict.harness import FOLDS, PRIMARY
@@ -452,8 +481,8 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
             L.append(f"- {_marked(x)}")
     L.append("")
     if fresh is not None:
-        L += ["Fresh cells (a grid no predictor had seen, scored once after the freeze; "
-              "[below](#fresh-cells-scored-once)):", ""]
+        L += ["Fresh cells (grids no predictor had seen when it was frozen, each scored once: the first "
+              "[below](#fresh-cells-scored-once), the second [below](#second-fresh-grid-scored-once)):", ""]
         for x in rows:
             if x["key"].startswith("fresh") and not x.get("headline"):
                 L.append(f"- {_marked(x)}")
@@ -531,26 +560,21 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
           f"(the small GPT, context 64, 220 updates), sync, delayed at every delay and EF at tau 3, {F.SEEDS} seeds. "
           "Trimmed to fit about an hour of the shared 2-core host: two lrs per optimizer, EF only at tau 3, no "
           "weight prediction, one run length.", ""]
-    if fresh is None:
-        L += ["Not scored yet.", ""]
-    else:
-        fs = fresh["summary"]
-        L += [f"{fs['runs']} runs, {fs['cells']} cells (`docs/predict/fresh/runs.jsonl`); every predictor fitted on "
-              "all committed cells:", ""]
-        L += score_table(fs["scores"], fs["cells"], fs["floor"], subset=None)
-        later = [n for n in F.LATER if n in fs["scores"]]
-        if later:
-            L += ["", "Written after this grid had run and been scored, so listed here but not tested clean by it: "
-                  + ", ".join(later) + "."]
-        L += ["", "| cell | measured (95% t) | " + f"{sync} | {pilot} | per-optimizer gap/tau | pilot held, 20% |",
-              "|---|---|---|---|---|---|"]
-        for c in fresh["cells"]:
-            m = c["measured"]
-            p = c["predictions"]
-            L.append(f"| {c['id']} | {m['gap']:+.3f} {_iv(m['ci'], '+.3f')} | {_f(p[sync], '+.3f')} | "
-                     f"{_f(p[pilot], '+.3f')} | {_f(p['per-optimizer gap/tau'], '+.3f')} | "
-                     f"{_f(p['pilot held, 20%'], '+.3f')} |")
-        L.append("")
+    L += _fresh_section(fresh, sync, pilot, F.NAME, F.LATER)
+    g = F.GRID_2
+    L += ["## Second fresh grid, scored once", "",
+          "The pilot ratio law was written after reading the pilot law's held-out errors report by report (it "
+          "over-predicted Muon's gaps in cpu-delays, the one report with mean delays of 2 to 8), so its "
+          "leave-one-report-out score flatters it; and the first fresh grid had been scored by then, so that grid is "
+          f"no clean test of it either. The predictors were frozen again at commit `{F.FROZEN_2}`, with the pilot "
+          "ratio law named, "
+          "and a second grid ran, new in four ways at once: delays of "
+          + " and ".join(str(t) for t in g["delays"]) + ", lrs "
+          + "; ".join(f"{o} " + ", ".join(f"{x:g}" for x in v) for o, v in g["lrs"].items())
+          + f" (a factor 2^(1/4) below the reports' lattice points), a batch of {g['batch']} sequences and "
+          f"{g['steps']} updates; the same small GPT, sync, delayed at every delay and EF at tau "
+          f"{next(t for t, m in g['delays'].items() if 'ef' in m)}, {F.SEEDS} seeds.", ""]
+    L += _fresh_section(fresh2, sync, pilot, F.NAME_2, ())
     L += ["## What the predictors saw", "",
           "No prediction of a held-out cell reads its delayed runs beyond the pilot's fraction: the harness hands "
           "a predictor a view of the cell (the settings and sync runs; for a pilot, every run cut at its fraction), "
@@ -564,6 +588,7 @@ def markdown(result: dict, fresh: dict | None, fitted: dict) -> str:
           "delaylab predict score                     # this page, docs/predict/score.json, the figure, fitted.json",
           "python -m delaylab.predict.fresh --out DIR  # the fresh grid (resumable); then",
           "delaylab predict score --fresh DIR          # scores it once",
+          "python -m delaylab.predict.fresh --grid fresh-2 --out DIR2  # the second grid; --fresh2 DIR2 scores it",
           "python -m delaylab.predict.pilots --out DIR # the dense pilots (resumable; about 30 min on 2 cores)",
           "delaylab predict gap --sync RUN_DIR --delay 2 [--correction ef] [--json]",
           "delaylab predict pilot --sync RUN_DIR --delayed RUN_DIR --steps N [--json]",

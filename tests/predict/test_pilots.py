@@ -25,12 +25,12 @@ NOT_BITWISE = {"cpu-tokens-2": 0.03}
 
 
 def _folder(report: str) -> Path:
-    if report == "fresh":
+    if report in P.FRESH:
         return DOCS / "predict" / report
     return DOCS / ("beyond" if report in C.BEYOND else "reproduce") / report
 
 
-@pytest.mark.parametrize("report", C.REPORTS + C.BEYOND + ("fresh",))
+@pytest.mark.parametrize("report", C.REPORTS + C.BEYOND + P.FRESH)
 def test_every_run_of_the_cells_has_a_pilot_whose_validations_are_the_committed_runs(report):
     lines = {x["folder"]: x for x in L.runs(_folder(report))}
     pilots = P.read(DOCS, report)
@@ -118,7 +118,7 @@ def test_the_candidates_written_after_the_freeze_are_named_as_such():
 def test_the_page_states_the_agreement_the_pilots_have():
     from delaylab.predict import pilots
 
-    agree = pilots.agreement(DOCS, list(C.REPORTS + C.BEYOND) + ["fresh"])
+    agree = pilots.agreement(DOCS, list(C.REPORTS + C.BEYOND + P.FRESH))
     assert {r for r, a in agree.items() if a["equal"] != a["compared"]} == set(NOT_BITWISE)
     assert all(a["max_rel"] <= NOT_BITWISE.get(r, 0.0) for r, a in agree.items())
     line = next(x for x in (DOCS / "predict.md").read_text().splitlines() if x.startswith("The reruns are"))

@@ -100,3 +100,24 @@ def test_fresh_grid_pairs_every_delayed_run_with_a_sync_run_of_its_seed():
     assert {r.base.get("delay") for r in delayed} == set(fresh.DELAYS)
     assert {r.base["batch_size"] for r in runs} == {fresh.BATCH} and len({r.folder for r in runs}) == len(runs)
     assert len(runs) == sum(len(v) for v in fresh.LRS.values()) * fresh.SEEDS * (1 + sum(map(len, fresh.DELAYS.values())))
+
+
+def test_the_second_fresh_grid_is_new_in_delay_lr_batch_and_length():
+    """Every run of fresh-2 pairs with a sync run of its seed, and no committed cell nor the first grid
+    has any of its delays, lrs (per optimizer), batch or length."""
+    from pathlib import Path
+
+    from delaylab.predict import cells as C
+
+    runs = fresh.grid_runs(fresh.NAME_2)
+    g = fresh.GRID_2
+    sync = {(r.cell.optimizer, r.cell.lr, r.cell.seed) for r in runs if r.cell.mode == "sync"}
+    delayed = [r for r in runs if r.cell.mode != "sync"]
+    assert delayed and all((r.cell.optimizer, r.cell.lr, r.cell.seed) in sync for r in delayed)
+    assert len({r.folder for r in runs}) == len(runs) == 64
+    seen = C.load(Path(__file__).resolve().parents[2] / "docs", extra=[Path(__file__).resolve().parents[2]
+                                                                       / "docs/predict/fresh"])
+    assert not {float(t) for t in g["delays"]} & {c["mean_delay"] for c in seen}
+    assert all(lr not in {c["lr"] for c in seen if c["optimizer"] == o} for o, lrs in g["lrs"].items() for lr in lrs)
+    assert g["batch"] not in {c["batch_size"] for c in seen} and g["steps"] not in {c["steps"] for c in seen}
+    assert {r.base["steps"] for r in runs} == {g["steps"]} and {r.base["batch_size"] for r in runs} == {g["batch"]}

@@ -110,10 +110,12 @@ def test_the_page_is_rendered_from_the_score(score):
     from delaylab.predict import publish
     from delaylab.predict import report as R
 
-    fresh_path = ROOT / "docs/predict/fresh.json"
-    fresh = json.loads(fresh_path.read_text()) if fresh_path.is_file() else None
-    assert R.readings(score, fresh) == score["summary"]["readings"]
-    assert R.markdown(score, fresh, publish.load_fitted()) == (ROOT / "docs/predict.md").read_text()
+    grids = []
+    for name in ("fresh.json", "fresh-2.json"):
+        path = ROOT / "docs/predict" / name
+        grids.append(json.loads(path.read_text()) if path.is_file() else None)
+    assert R.readings(score, *grids) == score["summary"]["readings"]
+    assert R.markdown(score, grids[0], publish.load_fitted(), grids[1]) == (ROOT / "docs/predict.md").read_text()
 
 
 def test_what_a_pilot_holds_is_counted_from_the_committed_runs():
