@@ -138,7 +138,7 @@ def pilot(sync_dir, delayed_dir, steps: int, fitted=None) -> dict:
     if diff:
         raise ConfigError("mismatched sync and delayed runs: " + "; ".join(f"{k} {ss[k]} vs {ds[k]}" for k in diff))
     fraction = entry["fraction"]
-    last = math.floor(fraction * steps + 1e-9)
+    last = C.pilot_updates(steps, fraction)
     mean = C.mean_delay(ds["delay"], ds["delay_dist"])
     cell = {**_view(ds, ds["delay"], mean, ds["correction"]), "delay_dist": ds["delay_dist"],
             "sync": [s["run"]], "delayed": [d["run"]]}

@@ -65,14 +65,23 @@ def _key(run: dict, fields) -> tuple:
     return tuple(json.dumps(run.get(k)) if isinstance(run.get(k), list) else run.get(k) for k in fields)
 
 
+def val_curve(run: dict) -> list[list]:
+    """A runs.jsonl line's validations as [update, loss] (the line keeps them by tokens)."""
+    tokens, steps = run["tokens"], run["steps"]
+    return [[round(t / tokens * steps), v] for t, v in run.get("val_curve") or []]
+
+
+def pilot_updates(steps: int, fraction: float) -> int:
+    """The last update a pilot of ``fraction`` of ``steps`` updates holds."""
+    return math.floor(fraction * steps + 1e-9)
+
+
 def _run(run: dict, pilots: dict) -> dict:
     """A run as a cell keeps it: seed, folder, final val loss, the val curve as [update, loss] and,
     where its dense pilot was run (:mod:`delaylab.predict.pilots`), the pilot's binned train loss
     ``train`` as [update, loss] (None where not)."""
-    tokens, steps = run["tokens"], run["steps"]
-    curve = [[round(t / tokens * steps), v] for t, v in run.get("val_curve") or []]
     dense = pilots.get(run.get("folder"))
-    return {"seed": run["seed"], "folder": run.get("folder"), "val_loss": run["val_loss"], "curve": curve,
+    return {"seed": run["seed"], "folder": run.get("folder"), "val_loss": run["val_loss"], "curve": val_curve(run),
             "train": None if dense is None else dense["train"]}
 
 
@@ -172,7 +181,7 @@ def pilot_view(cell: dict, fraction: float) -> dict:
     """The held-out cell as a pilot sees it: its settings (the schedule to the end is known) and every
     run, sync and delayed, cut after ``fraction`` of the updates: the validations and the dense
     pilot's train losses up to there, no final loss."""
-    last = math.floor(fraction * cell["steps"] + 1e-9)
+    last = pilot_updates(cell["steps"], fraction)
 
     def cut(r):
         train = r.get("train")

@@ -47,10 +47,10 @@ GRID_2 = dict(lrs={"adamw": (8.4e-4, 1.68e-3), "muon": (0.0168, 0.0336)}, delays
 
 def base(batch: int = BATCH, steps: int | None = None) -> dict:
     """cpu-delays' base config with the fresh batch size (and length)."""
+    from delaylab.reproduce.plan import length_base
+
     b = {**get_preset("cpu-delays").delays.base, "batch_size": batch}
-    if steps is not None:
-        b.update(steps=steps, eval_every=max(1, steps // 10), ckpt_every=max(1, steps // 2))
-    return b
+    return b if steps is None else length_base(b, steps / b["steps"])
 
 
 def runs(seeds: int = SEEDS, lrs=None, delays=None, batch: int = BATCH, steps: int | None = None,

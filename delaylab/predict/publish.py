@@ -73,8 +73,8 @@ def score(root="docs", out="docs/predict", md="docs/predict.md", fitted=FITTED, 
     s["pilots_agree"] = pilots.agreement(root, s["reports"] + [Path(d).name for d in (fresh_dir, fresh2_dir) if d])
     models = fit_named(cells, s, nqm_path)
     write_json(fitted, models)
-    fresh = score_fresh(Path(fresh_dir), cells, s, models, nqm_path) if fresh_dir else None
-    fresh2 = score_fresh(Path(fresh2_dir), cells, s, models, nqm_path) if fresh2_dir else None
+    fresh = score_fresh(Path(fresh_dir), cells, s, models, nqm_path, root) if fresh_dir else None
+    fresh2 = score_fresh(Path(fresh2_dir), cells, s, models, nqm_path, root) if fresh2_dir else None
     out.mkdir(parents=True, exist_ok=True)
     s["readings"] = R.readings(result, fresh, fresh2)
     write_json(out / "score.json", result)
@@ -120,11 +120,12 @@ def load_fitted(path=FITTED) -> dict:
     return json.loads(path.read_text())
 
 
-def score_fresh(folder: Path, cells: list[dict], summary: dict, models: dict, nqm_path) -> dict:
-    """Every predictor fitted on every committed cell, scored once on the fresh cells in ``folder``."""
+def score_fresh(folder: Path, cells: list[dict], summary: dict, models: dict, nqm_path, root="docs") -> dict:
+    """Every predictor fitted on every committed cell, scored once on the fresh cells in ``folder``
+    (their dense pilots: ``root``'s, by the folder's name)."""
     from delaylab.predict.pilots import read
 
-    fresh = C.cells_of(folder.name, C.report_runs(folder), read(folder.parents[1], folder.name))
+    fresh = C.cells_of(folder.name, C.report_runs(folder), read(root, folder.name))
     preds = {}
     for p in harness.candidates(nqm_path):
         model = p.fit(cells)

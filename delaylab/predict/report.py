@@ -20,6 +20,7 @@ import numpy as np
 
 from delaylab import stats
 from delaylab.predict import metrics as M
+from delaylab.predict.cells import pilot_updates
 from delaylab.predict.pilot import pilot as _val_pilot
 from delaylab.predict.pilot import pilot_dense as _dense_pilot
 from delaylab.reproduce.verdicts import UNDETERMINED, state
@@ -377,7 +378,7 @@ def _line(r: dict) -> str:
 def validations_within(cell: dict, fraction: float) -> int:
     """How many of the cell's gap-curve validations a pilot of ``fraction`` of the updates holds
     (the cut of :func:`delaylab.predict.cells.pilot_view`)."""
-    last = math.floor(fraction * cell["steps"] + 1e-9)
+    last = pilot_updates(cell["steps"], fraction)
     return sum(u <= last for u, _ in cell["measured"]["curve"])
 
 
